@@ -1,0 +1,96 @@
+//! A Llama-architecture decoder on Burn 0.22 that loads Hugging Face checkpoints and matches
+//! transformers' `LlamaForCausalLM` numerically.
+//!
+//! - [`LlamaConfig`] reads `config.json` in both styles found in the wild (the hub's Llama 3.x
+//!   files and what transformers ≥ 5 writes).
+//! - [`Llama::load`] reads `model.safetensors` or a sharded checkpoint (F32/BF16/F16), checks
+//!   every tensor by name and shape, and computes in f32 (or bf16 on request).
+//! - [`Llama::forward`] runs a padded [`TokenBatch`] and returns logits and, on request, hidden
+//!   states indexed as transformers' `output_hidden_states`.
+//! - [`Llama::forward_cached`] decodes incrementally with a [`KvCache`]; each row of a
+//!   left-padded batch decodes as it would alone.
+//! - [`Llama::save`] writes the model back in Hugging Face layout.
+//!
+//! ```no_run
+//! use kd_model::{parse_device, ForwardOptions, HiddenStates, Llama, TokenBatch};
+//!
+//! # fn main() -> Result<(), kd_model::ModelError> {
+//! let device = parse_device("cpu")?;
+//! let model = Llama::load("path/to/Llama-3.2-1B", &device)?;
+//! let batch = TokenBatch::single(&[128000, 9906, 1917]);
+//! let out = model.forward(&batch, &ForwardOptions::with_hidden_states(HiddenStates::All))?;
+//! let last_hidden = out.hidden_state(model.config().num_hidden_layers); // after the final norm
+//! let logits = out.logits.as_ref().expect("requested"); // [1, 3, vocab]
+//! # let _ = (logits, last_hidden);
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+mod batch;
+mod cache;
+mod config;
+mod device;
+mod error;
+mod model;
+mod rope;
+mod weights;
+
+use std::path::Path;
+
+use burn::tensor::Device;
+
+pub use batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
+pub use cache::KvCache;
+pub use config::{LlamaConfig, RopeScaling, StoredDType};
+pub use device::{parse_device, parse_device_list};
+pub use error::{ModelError, Result};
+pub use model::{Attention, DecoderLayer, Llama, Mlp, ModelOutput};
+pub use rope::{Rope, apply_rotary};
+pub use weights::{
+    ComputeDType, INDEX_FILE, SINGLE_FILE, SaveDType, expected_tensors, write_atomic,
+    write_safetensors,
+};
+
+/// Largest shard [`Llama::save`] writes by default (transformers' default, 5 GB).
+pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
+
+impl Llama {
+    /// Loads `config.json` and the safetensors weights of a Hugging Face model directory,
+    /// computing in f32.
+    pub fn load(dir: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        Self::load_with(dir, ComputeDType::F32, device)
+    }
+
+    /// Loads a Hugging Face model directory, computing in the given dtype.
+    pub fn load_with(dir: impl AsRef<Path>, dtype: ComputeDType, device: &Device) -> Result<Self> {
+        let dir = dir.as_ref();
+        let config = LlamaConfig::from_file(dir.join("config.json"))?;
+        weights::load(dir, config, dtype, device)
+    }
+
+    /// Writes `config.json` and the weights to `dir` in Hugging Face layout (shards of at most
+    /// [`DEFAULT_MAX_SHARD_BYTES`]), every file atomically.
+    pub fn save(&self, dir: impl AsRef<Path>, dtype: SaveDType) -> Result<()> {
+        self.save_sharded(dir, dtype, DEFAULT_MAX_SHARD_BYTES)
+    }
+
+    /// Like [`save`](Self::save), with a chosen shard size.
+    pub fn save_sharded(
+        &self,
+        dir: impl AsRef<Path>,
+        dtype: SaveDType,
+        max_shard_bytes: usize,
+    ) -> Result<()> {
+        let dir = dir.as_ref();
+        weights::save(self, dir, dtype, max_shard_bytes)?;
+        let mut config = self.config().clone();
+        config.torch_dtype = Some(match dtype {
+            SaveDType::F32 => StoredDType::F32,
+            SaveDType::BF16 => StoredDType::BF16,
+            SaveDType::F16 => StoredDType::F16,
+        });
+        let text = serde_json::to_string_pretty(&config.to_json()).expect("JSON values serialise");
+        write_atomic(&dir.join("config.json"), text.as_bytes())
+    }
+}

@@ -1,0 +1,388 @@
+//! The Llama decoder (Touvron et al. 2023, arXiv 2302.13971; Llama 3: arXiv 2407.21783),
+//! written to match Hugging Face transformers' `modeling_llama.py` operation by operation.
+//!
+//! Module and field names equal the checkpoint keys (`model.layers.{i}.self_attn.q_proj`),
+//! so loading and saving are mechanical. Burn's `Linear` stores `[in, out]`; checkpoints store
+//! `[out, in]`: the loader transposes once.
+
+use burn::module::Module;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::activation::silu;
+use burn::tensor::module::{attention, linear};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+
+use crate::batch::{ForwardOptions, HiddenStates, TokenBatch};
+use crate::cache::KvCache;
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::rope::{Rope, apply_rotary};
+
+/// Grouped-query self-attention (`self_attn`).
+#[derive(Module, Debug)]
+pub struct Attention {
+    /// Query projection, `hidden → heads · head_dim`.
+    pub q_proj: Linear,
+    /// Key projection, `hidden → kv_heads · head_dim`.
+    pub k_proj: Linear,
+    /// Value projection, `hidden → kv_heads · head_dim`.
+    pub v_proj: Linear,
+    /// Output projection, `heads · head_dim → hidden`.
+    pub o_proj: Linear,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    /// # Shapes
+    /// - `x`: `[batch, seq, hidden]`
+    /// - `cos`, `sin`: `[batch, 1, seq, head_dim]`
+    /// - `mask`: `[batch, 1, seq, past + seq]`, `true` = masked out
+    /// - output: `[batch, seq, hidden]`
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        cos: &Tensor<4>,
+        sin: &Tensor<4>,
+        mask: &Tensor<4, Bool>,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor<3> {
+        let [b, s, _] = x.dims();
+        let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, d]).swap_dims(1, 2);
+        let q = apply_rotary(heads(self.q_proj.forward(x.clone()), h), cos, sin);
+        let k = apply_rotary(heads(self.k_proj.forward(x.clone()), kv), cos, sin);
+        let v = heads(self.v_proj.forward(x), kv);
+        let (k, v) = match cache {
+            Some((cache, layer)) => cache.append(layer, k, v),
+            None => (k, v),
+        };
+        // Flex's attention kernel shares K/V heads natively; autodiff's fallback needs them
+        // repeated (transformers' `repeat_kv`).
+        let (k, v) = if q.is_autodiff() && h != kv {
+            (repeat_kv(k, h / kv), repeat_kv(v, h / kv))
+        } else {
+            (k, v)
+        };
+        let out = attention(
+            q,
+            k,
+            v,
+            Some(mask.clone()),
+            None,
+            AttentionModuleOptions {
+                scale: Some(1.0 / (d as f64).sqrt()),
+                softcap: None,
+                is_causal: false,
+            },
+        );
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, s, h * d]))
+    }
+}
+
+/// `[b, kv, t, d]` → `[b, kv · groups, t, d]`, each KV head repeated for its query group.
+fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
+    let [b, kv, t, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([b, kv, groups, t, d])
+        .reshape([b, kv * groups, t, d])
+}
+
+/// The SwiGLU feed-forward block (`mlp`): `down(silu(gate(x)) · up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    /// Gate projection, `hidden → intermediate`.
+    pub gate_proj: Linear,
+    /// Up projection, `hidden → intermediate`.
+    pub up_proj: Linear,
+    /// Down projection, `intermediate → hidden`.
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+/// One pre-norm decoder layer (`model.layers.{i}`).
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Self-attention.
+    pub self_attn: Attention,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+    /// Feed-forward block.
+    pub mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        cos: &Tensor<4>,
+        sin: &Tensor<4>,
+        mask: &Tensor<4, Bool>,
+        cache: Option<(&mut KvCache, usize)>,
+    ) -> Tensor<3> {
+        let attn = self.self_attn.forward(
+            self.input_layernorm.forward(x.clone()),
+            cos,
+            sin,
+            mask,
+            cache,
+        );
+        let x = x + attn;
+        let mlp = self
+            .mlp
+            .forward(self.post_attention_layernorm.forward(x.clone()));
+        x + mlp
+    }
+}
+
+/// The output of a forward pass.
+#[derive(Debug, Clone)]
+pub struct ModelOutput {
+    /// `[batch, seq, vocab]` logits (`[batch, 1, vocab]` with `last_position_only`), in the
+    /// model's compute dtype; `None` when not requested.
+    pub logits: Option<Tensor<3>>,
+    /// The requested hidden states `[batch, seq, hidden]`, each with its Hugging Face index.
+    pub hidden_states: Vec<(usize, Tensor<3>)>,
+}
+
+impl ModelOutput {
+    /// The hidden state with Hugging Face index `index`, if it was requested.
+    pub fn hidden_state(&self, index: usize) -> Option<&Tensor<3>> {
+        self.hidden_states
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, t)| t)
+    }
+}
+
+/// A Llama-architecture causal language model (`LlamaForCausalLM`).
+#[derive(Module, Debug)]
+pub struct Llama {
+    /// Token embedding (`model.embed_tokens`), `[vocab, hidden]`.
+    pub embed_tokens: Embedding,
+    /// The decoder layers (`model.layers`).
+    pub layers: Vec<DecoderLayer>,
+    /// Final norm (`model.norm`).
+    pub norm: RmsNorm,
+    /// The LM head (`lm_head`), absent when tied to the embedding.
+    pub lm_head: Option<Linear>,
+    #[module(skip)]
+    config: LlamaConfig,
+    #[module(skip)]
+    rope: Rope,
+}
+
+impl Llama {
+    pub(crate) fn from_parts(
+        config: LlamaConfig,
+        embed_tokens: Embedding,
+        layers: Vec<DecoderLayer>,
+        norm: RmsNorm,
+        lm_head: Option<Linear>,
+    ) -> Self {
+        let rope = Rope::new(&config);
+        Self {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            config,
+            rope,
+        }
+    }
+
+    pub(crate) fn attention_from_parts(
+        config: &LlamaConfig,
+        [q_proj, k_proj, v_proj, o_proj]: [Linear; 4],
+    ) -> Attention {
+        Attention {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            num_heads: config.num_attention_heads,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+        }
+    }
+
+    /// The configuration this model was built from.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The RoPE inverse frequencies in use.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// The dtype of the weights, which is the dtype activations are computed in.
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.weight.val().dtype()
+    }
+
+    /// An empty KV cache sized for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// Runs the model over a whole padded batch.
+    pub fn forward(&self, batch: &TokenBatch, options: &ForwardOptions) -> Result<ModelOutput> {
+        self.run(batch, None, options)
+    }
+
+    /// Logits `[batch, seq, vocab]` of a padded batch.
+    pub fn logits(&self, batch: &TokenBatch) -> Result<Tensor<3>> {
+        let out = self.forward(batch, &ForwardOptions::default())?;
+        Ok(out.logits.expect("logits were requested"))
+    }
+
+    /// Runs the model over new tokens that follow what `cache` holds, and appends them to it.
+    ///
+    /// Feed the (left-padded) prompts first, then one token per row per step. Padding in the
+    /// new tokens is allowed too (a row that has finished can be fed padding).
+    pub fn forward_cached(
+        &self,
+        batch: &TokenBatch,
+        cache: &mut KvCache,
+        options: &ForwardOptions,
+    ) -> Result<ModelOutput> {
+        if cache.num_layers() != self.layers.len() {
+            return Err(ModelError::Input(format!(
+                "the cache has {} layers, the model {}",
+                cache.num_layers(),
+                self.layers.len()
+            )));
+        }
+        cache.check_batch(batch.batch_size())?;
+        self.run(batch, Some(cache), options)
+    }
+
+    fn run(
+        &self,
+        batch: &TokenBatch,
+        mut cache: Option<&mut KvCache>,
+        options: &ForwardOptions,
+    ) -> Result<ModelOutput> {
+        let (b, s) = (batch.batch_size(), batch.seq_len());
+        if b == 0 || s == 0 {
+            return Err(ModelError::Input(format!("empty batch [{b}, {s}]")));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(bad) = batch.ids().iter().find(|id| **id as usize >= vocab) {
+            return Err(ModelError::Input(format!(
+                "token id {bad} is out of range for a vocabulary of {vocab}"
+            )));
+        }
+        let n_layers = self.layers.len();
+        let wanted: Vec<usize> = match &options.hidden_states {
+            HiddenStates::None => Vec::new(),
+            HiddenStates::All => (0..=n_layers).collect(),
+            HiddenStates::Layers(l) => l.clone(),
+        };
+        if let Some(bad) = wanted.iter().find(|i| **i > n_layers) {
+            return Err(ModelError::Input(format!(
+                "hidden state {bad} requested; valid indices are 0..={n_layers} \
+                 (0 = embeddings, {n_layers} = after the final norm)"
+            )));
+        }
+
+        let device = self.embed_tokens.weight.device();
+        let dtype = self.dtype();
+        let empty = KvCache::new(0);
+        let past_cache = cache.as_deref().unwrap_or(&empty);
+        let past = past_cache.len();
+        let positions = batch.resolved_positions(past_cache.real_lengths());
+        let mask = attention_mask(batch, past_cache.valid_rows(), past, &device);
+        let (cos, sin) = self.rope.tables(&positions, b, s, dtype, &device);
+
+        let ids = Tensor::<2, Int>::from_data(
+            TensorData::new(batch.ids().iter().map(|i| *i as i64).collect(), [b, s]),
+            &device,
+        );
+        let mut x = self.embed_tokens.forward(ids);
+        let mut collected: Vec<Option<Tensor<3>>> = vec![None; wanted.len()];
+        let mut record = |index: usize, x: &Tensor<3>| {
+            for (slot, w) in wanted.iter().enumerate() {
+                if *w == index {
+                    collected[slot] = Some(x.clone());
+                }
+            }
+        };
+        record(0, &x);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().map(|c| (c, i));
+            x = layer.forward(x, &cos, &sin, &mask, layer_cache);
+            // HF's entry for the last layer is the normed output, recorded below.
+            if i + 1 < n_layers {
+                record(i + 1, &x);
+            }
+        }
+        if let Some(cache) = cache {
+            cache.push_mask(b, s, batch.mask());
+        }
+        let x = self.norm.forward(x);
+        record(n_layers, &x);
+        let hidden = wanted
+            .iter()
+            .zip(collected)
+            .map(|(i, t)| (*i, t.expect("every requested index was recorded")))
+            .collect();
+
+        let logits = options.logits.then(|| {
+            let x = if options.last_position_only {
+                x.slice([0..b, s - 1..s])
+            } else {
+                x
+            };
+            self.lm_head_forward(x)
+        });
+        Ok(ModelOutput {
+            logits,
+            hidden_states: hidden,
+        })
+    }
+
+    /// Applies the LM head (or the tied embedding) to hidden states `[batch, seq, hidden]`.
+    pub fn lm_head_forward(&self, x: Tensor<3>) -> Tensor<3> {
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => linear(x, self.embed_tokens.weight.val().transpose(), None),
+        }
+    }
+}
+
+/// The boolean mask `[batch, 1, seq, past + seq]` (`true` = masked): a query sees the real
+/// keys at or before its own slot.
+fn attention_mask(
+    batch: &TokenBatch,
+    past_valid: &[Vec<bool>],
+    past: usize,
+    device: &burn::tensor::Device,
+) -> Tensor<4, Bool> {
+    let (b, s) = (batch.batch_size(), batch.seq_len());
+    let total = past + s;
+    let mut data = Vec::with_capacity(b * s * total);
+    for (row, new) in batch.mask().chunks_exact(s).enumerate() {
+        let past_row = past_valid.get(row).map_or(&[][..], Vec::as_slice);
+        let valid = |j: usize| {
+            if j < past { past_row[j] } else { new[j - past] }
+        };
+        for i in 0..s {
+            for j in 0..total {
+                data.push(!(valid(j) && j <= past + i));
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [b, 1, s, total]), device)
+}

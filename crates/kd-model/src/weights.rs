@@ -1,0 +1,568 @@
+//! Reading and writing Hugging Face safetensors checkpoints: `model.safetensors`, or shards
+//! listed in `model.safetensors.index.json`; stored dtypes F32, BF16 and F16.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::module::Param;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::model::{DecoderLayer, Llama, Mlp};
+
+/// File name of a single-file checkpoint.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// File name of the index of a sharded checkpoint.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Tensors some checkpoints carry that are derived buffers, not weights.
+fn ignorable(name: &str) -> bool {
+    name.ends_with(".rotary_emb.inv_freq")
+}
+
+/// Every weight a configuration implies, with its checkpoint shape (`[out, in]` for
+/// projections), in the order transformers writes them.
+pub fn expected_tensors(c: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
+    let (d, i) = (c.hidden_size, c.intermediate_size);
+    let (q, kv) = (
+        c.num_attention_heads * c.head_dim,
+        c.num_key_value_heads * c.head_dim,
+    );
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![c.vocab_size, d],
+    )];
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let mut push = |name: String, shape: Vec<usize>| out.push((name, shape));
+        push(format!("{p}.input_layernorm.weight"), vec![d]);
+        for (proj, o, inp) in [
+            ("q_proj", q, d),
+            ("k_proj", kv, d),
+            ("v_proj", kv, d),
+            ("o_proj", d, q),
+        ] {
+            push(format!("{p}.self_attn.{proj}.weight"), vec![o, inp]);
+            if c.attention_bias {
+                push(format!("{p}.self_attn.{proj}.bias"), vec![o]);
+            }
+        }
+        push(format!("{p}.post_attention_layernorm.weight"), vec![d]);
+        for (proj, o, inp) in [("gate_proj", i, d), ("up_proj", i, d), ("down_proj", d, i)] {
+            push(format!("{p}.mlp.{proj}.weight"), vec![o, inp]);
+            if c.mlp_bias {
+                push(format!("{p}.mlp.{proj}.bias"), vec![o]);
+            }
+        }
+    }
+    out.push(("model.norm.weight".to_string(), vec![d]));
+    if !c.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![c.vocab_size, d]));
+    }
+    out
+}
+
+/// The safetensors files of a model directory, memory-mapped, with a name → file index.
+struct Checkpoint {
+    dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    index: HashMap<String, usize>,
+}
+
+impl Checkpoint {
+    fn open(dir: &Path) -> Result<Self> {
+        let single = dir.join(SINGLE_FILE);
+        let index_path = dir.join(INDEX_FILE);
+        let names: Vec<PathBuf> = if index_path.is_file() {
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+            let json: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+                path: index_path.clone(),
+                source,
+            })?;
+            let map = json
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    ModelError::config(&index_path, "weight_map", "missing or not an object")
+                })?;
+            let mut files: Vec<PathBuf> = Vec::new();
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| {
+                    ModelError::config(
+                        &index_path,
+                        format!("weight_map.{tensor}"),
+                        "expected a file name",
+                    )
+                })?;
+                let path = dir.join(file);
+                if !files.contains(&path) {
+                    files.push(path);
+                }
+            }
+            files.sort();
+            files
+        } else if single.is_file() {
+            vec![single]
+        } else {
+            return Err(ModelError::NoWeights {
+                dir: dir.to_path_buf(),
+            });
+        };
+
+        let mut files = Vec::with_capacity(names.len());
+        let mut index = HashMap::new();
+        for (n, path) in names.into_iter().enumerate() {
+            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+            // SAFETY: the map is read-only; like every safetensors reader we rely on the file
+            // not being truncated while the model loads.
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+            let st = SafeTensors::deserialize(&map).map_err(|e| ModelError::Safetensors {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            for name in st.names() {
+                index.insert(name.to_string(), n);
+            }
+            files.push((path, map));
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            files,
+            index,
+        })
+    }
+
+    /// Stored shapes of every tensor.
+    fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>> {
+        let mut out = BTreeMap::new();
+        for (path, map) in &self.files {
+            let st = self.parse(path, map)?;
+            for (name, view) in st.tensors() {
+                out.insert(name, view.shape().to_vec());
+            }
+        }
+        Ok(out)
+    }
+
+    fn parse<'a>(&self, path: &Path, map: &'a Mmap) -> Result<SafeTensors<'a>> {
+        SafeTensors::deserialize(map).map_err(|e| ModelError::Safetensors {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Reads one tensor as `dtype` (F32 or BF16), transposing a 2-D one when asked.
+    fn read(&self, name: &str, dtype: DType, transpose: bool) -> Result<TensorData> {
+        let n = self.index[name];
+        let (path, map) = &self.files[n];
+        let st = self.parse(path, map)?;
+        let view = st.tensor(name).map_err(|e| ModelError::Safetensors {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let shape = view.shape().to_vec();
+        let bytes = view.data();
+        let unsupported = || ModelError::UnsupportedDType {
+            path: path.clone(),
+            name: name.to_string(),
+            dtype: format!("{:?}", view.dtype()),
+        };
+        if dtype == DType::BF16 {
+            let values: Vec<bf16> = match view.dtype() {
+                Dtype::BF16 => decode(bytes, |b: &[u8; 2]| bf16::from_le_bytes(*b)),
+                Dtype::F16 => decode(bytes, |b: &[u8; 2]| {
+                    bf16::from_f32(f16::from_le_bytes(*b).to_f32())
+                }),
+                Dtype::F32 => decode(bytes, |b: &[u8; 4]| bf16::from_f32(f32::from_le_bytes(*b))),
+                _ => return Err(unsupported()),
+            };
+            Ok(data(values, shape, transpose))
+        } else {
+            let values: Vec<f32> = match view.dtype() {
+                Dtype::F32 => decode(bytes, |b: &[u8; 4]| f32::from_le_bytes(*b)),
+                Dtype::BF16 => decode(bytes, |b: &[u8; 2]| bf16::from_le_bytes(*b).to_f32()),
+                Dtype::F16 => decode(bytes, |b: &[u8; 2]| f16::from_le_bytes(*b).to_f32()),
+                _ => return Err(unsupported()),
+            };
+            Ok(data(values, shape, transpose))
+        }
+    }
+}
+
+fn decode<T, const N: usize>(bytes: &[u8], f: impl Fn(&[u8; N]) -> T) -> Vec<T> {
+    bytes
+        .chunks_exact(N)
+        .map(|c| f(c.try_into().expect("chunks_exact yields N bytes")))
+        .collect()
+}
+
+fn data<T: burn::tensor::Element + Copy>(
+    values: Vec<T>,
+    shape: Vec<usize>,
+    transpose: bool,
+) -> TensorData {
+    if transpose && shape.len() == 2 {
+        let (rows, cols) = (shape[0], shape[1]);
+        let mut out = Vec::with_capacity(values.len());
+        for c in 0..cols {
+            out.extend((0..rows).map(|r| values[r * cols + c]));
+        }
+        TensorData::new(out, [cols, rows])
+    } else {
+        TensorData::new(values, shape)
+    }
+}
+
+/// How weights are placed in memory when a model is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ComputeDType {
+    /// f32, whatever the stored dtype (the default; exact parity with transformers in f32).
+    #[default]
+    F32,
+    /// bf16, where the device supports bf16 arithmetic (half the memory; activations in bf16).
+    BF16,
+}
+
+impl ComputeDType {
+    fn burn(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::BF16 => DType::BF16,
+        }
+    }
+}
+
+/// Loads a model from a Hugging Face directory's safetensors, checking every tensor against
+/// the configuration first.
+pub(crate) fn load(
+    dir: &Path,
+    config: LlamaConfig,
+    dtype: ComputeDType,
+    device: &Device,
+) -> Result<Llama> {
+    if dtype == ComputeDType::BF16 && !device.supports_dtype(DType::BF16) {
+        return Err(ModelError::Device {
+            name: format!("{device:?}"),
+            message: "bf16 arithmetic is not supported on this device; load in f32".into(),
+        });
+    }
+    let ck = Checkpoint::open(dir)?;
+    let stored = ck.shapes()?;
+    let expected = expected_tensors(&config);
+    let mut problems = Vec::new();
+    let expected_names: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    for (name, shape) in &expected {
+        match stored.get(name) {
+            None => problems.push(format!(
+                "missing tensor `{name}` (expected shape {shape:?})"
+            )),
+            Some(found) if found != shape => problems.push(format!(
+                "tensor `{name}` has shape {found:?}, config.json implies {shape:?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for (name, shape) in &stored {
+        let tied_head = name == "lm_head.weight" && config.tie_word_embeddings;
+        if !expected_names.contains(name.as_str()) && !ignorable(name) && !tied_head {
+            problems.push(format!("unexpected tensor `{name}` with shape {shape:?}"));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(ModelError::Weights {
+            dir: dir.to_path_buf(),
+            problems,
+        });
+    }
+    tracing::debug!(dir = %dir.display(), tensors = expected.len(), "loading weights");
+
+    let dt = dtype.burn();
+    let tensor = |name: &str, transpose: bool| -> Result<Tensor<2>> {
+        Ok(Tensor::from_data(
+            ck.read(name, dt, transpose)?,
+            (device, dt),
+        ))
+    };
+    let vector = |name: &str| -> Result<Tensor<1>> {
+        Ok(Tensor::from_data(ck.read(name, dt, false)?, (device, dt)))
+    };
+    let linear = |name: &str, bias: bool| -> Result<Linear> {
+        Ok(Linear {
+            weight: Param::from_tensor(tensor(&format!("{name}.weight"), true)?),
+            bias: if bias {
+                Some(Param::from_tensor(vector(&format!("{name}.bias"))?))
+            } else {
+                None
+            },
+        })
+    };
+    let norm = |name: &str| -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            gamma: Param::from_tensor(vector(&format!("{name}.weight"))?),
+            epsilon: config.rms_norm_eps,
+        })
+    };
+
+    let embed_tokens = Embedding {
+        weight: Param::from_tensor(tensor("model.embed_tokens.weight", false)?),
+    };
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for l in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let ab = config.attention_bias;
+        let attn = [
+            linear(&format!("{p}.self_attn.q_proj"), ab)?,
+            linear(&format!("{p}.self_attn.k_proj"), ab)?,
+            linear(&format!("{p}.self_attn.v_proj"), ab)?,
+            linear(&format!("{p}.self_attn.o_proj"), ab)?,
+        ];
+        let mb = config.mlp_bias;
+        layers.push(DecoderLayer {
+            input_layernorm: norm(&format!("{p}.input_layernorm"))?,
+            self_attn: Llama::attention_from_parts(&config, attn),
+            post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm"))?,
+            mlp: Mlp {
+                gate_proj: linear(&format!("{p}.mlp.gate_proj"), mb)?,
+                up_proj: linear(&format!("{p}.mlp.up_proj"), mb)?,
+                down_proj: linear(&format!("{p}.mlp.down_proj"), mb)?,
+            },
+        });
+    }
+    let norm = norm("model.norm")?;
+    let lm_head = if config.tie_word_embeddings {
+        None
+    } else {
+        Some(linear("lm_head", false)?)
+    };
+    let _ = &ck.dir;
+    Ok(Llama::from_parts(
+        config,
+        embed_tokens,
+        layers,
+        norm,
+        lm_head,
+    ))
+}
+
+/// Every weight of a model under its checkpoint name, in checkpoint layout (`[out, in]`).
+pub(crate) fn named_tensors(model: &Llama) -> Vec<(String, TensorData)> {
+    let mut out = Vec::new();
+    let mut put = |name: String, t: TensorData| out.push((name, t));
+    let linear = |put: &mut dyn FnMut(String, TensorData), name: &str, l: &Linear| {
+        put(
+            format!("{name}.weight"),
+            l.weight.val().transpose().into_data(),
+        );
+        if let Some(b) = &l.bias {
+            put(format!("{name}.bias"), b.val().into_data());
+        }
+    };
+    put(
+        "model.embed_tokens.weight".into(),
+        model.embed_tokens.weight.val().into_data(),
+    );
+    for (l, layer) in model.layers.iter().enumerate() {
+        let p = format!("model.layers.{l}");
+        put(
+            format!("{p}.input_layernorm.weight"),
+            layer.input_layernorm.gamma.val().into_data(),
+        );
+        let a = &layer.self_attn;
+        for (n, proj) in [
+            ("q_proj", &a.q_proj),
+            ("k_proj", &a.k_proj),
+            ("v_proj", &a.v_proj),
+            ("o_proj", &a.o_proj),
+        ] {
+            linear(&mut put, &format!("{p}.self_attn.{n}"), proj);
+        }
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            layer.post_attention_layernorm.gamma.val().into_data(),
+        );
+        let m = &layer.mlp;
+        for (n, proj) in [
+            ("gate_proj", &m.gate_proj),
+            ("up_proj", &m.up_proj),
+            ("down_proj", &m.down_proj),
+        ] {
+            linear(&mut put, &format!("{p}.mlp.{n}"), proj);
+        }
+    }
+    put(
+        "model.norm.weight".into(),
+        model.norm.gamma.val().into_data(),
+    );
+    if let Some(head) = &model.lm_head {
+        linear(&mut put, "lm_head", head);
+    }
+    out
+}
+
+/// The dtype weights are written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveDType {
+    /// float32.
+    F32,
+    /// bfloat16 (what the hub's Llama checkpoints use).
+    BF16,
+    /// float16.
+    F16,
+}
+
+/// Serialises tensors into one safetensors file at `path`, atomically (temporary file in the
+/// same directory, then rename), with `{"format": "pt"}` metadata as transformers expects.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, TensorData)],
+    dtype: SaveDType,
+) -> Result<()> {
+    struct View {
+        dtype: Dtype,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+    }
+    impl safetensors::View for &View {
+        fn dtype(&self) -> Dtype {
+            self.dtype
+        }
+        fn shape(&self) -> &[usize] {
+            &self.shape
+        }
+        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+            std::borrow::Cow::Borrowed(&self.bytes)
+        }
+        fn data_len(&self) -> usize {
+            self.bytes.len()
+        }
+    }
+    let views: Vec<(String, View)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let values: Vec<f32> = t.clone().try_into_vec_as::<f32>().expect("float data");
+            let (dt, bytes): (Dtype, Vec<u8>) = match dtype {
+                SaveDType::F32 => (
+                    Dtype::F32,
+                    values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                ),
+                SaveDType::BF16 => (
+                    Dtype::BF16,
+                    values
+                        .iter()
+                        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                        .collect(),
+                ),
+                SaveDType::F16 => (
+                    Dtype::F16,
+                    values
+                        .iter()
+                        .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                        .collect(),
+                ),
+            };
+            (
+                name.clone(),
+                View {
+                    dtype: dt,
+                    shape: t.shape().to_vec(),
+                    bytes,
+                },
+            )
+        })
+        .collect();
+    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    let bytes = safetensors::serialize(views.iter().map(|(n, v)| (n.as_str(), v)), metadata)
+        .map_err(|e| ModelError::Safetensors {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    write_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so
+/// that a crash never leaves a half-written file under the final name.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        ModelError::io(path, e)
+    })
+}
+
+/// Saves weights in Hugging Face layout: `model.safetensors`, or shards of at most
+/// `max_shard_bytes` named `model-0000i-of-0000n.safetensors` plus the index.
+pub(crate) fn save(
+    model: &Llama,
+    dir: &Path,
+    dtype: SaveDType,
+    max_shard_bytes: usize,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+    let elem = match dtype {
+        SaveDType::F32 => 4,
+        SaveDType::BF16 | SaveDType::F16 => 2,
+    };
+    let tensors = named_tensors(model);
+    let mut shards: Vec<Vec<(String, TensorData)>> = vec![Vec::new()];
+    let mut current = 0usize;
+    let mut total = 0usize;
+    for (name, t) in tensors {
+        let size = t.num_elements() * elem;
+        if current > 0 && current + size > max_shard_bytes {
+            shards.push(Vec::new());
+            current = 0;
+        }
+        current += size;
+        total += size;
+        shards
+            .last_mut()
+            .expect("one shard at least")
+            .push((name, t));
+    }
+    // A stale file of the other layout would be picked up by loaders: remove it.
+    if shards.len() == 1 {
+        write_safetensors(&dir.join(SINGLE_FILE), &shards[0], dtype)?;
+        let _ = std::fs::remove_file(dir.join(INDEX_FILE));
+        return Ok(());
+    }
+    let n = shards.len();
+    let mut weight_map = serde_json::Map::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
+        write_safetensors(&dir.join(&file), shard, dtype)?;
+        for (name, _) in shard {
+            weight_map.insert(name.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({
+        "metadata": {"total_size": total},
+        "weight_map": weight_map,
+    });
+    let text = serde_json::to_string_pretty(&index).expect("JSON values serialise");
+    write_atomic(&dir.join(INDEX_FILE), text.as_bytes())?;
+    let _ = std::fs::remove_file(dir.join(SINGLE_FILE));
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! Integration tests of kd-model against numbers computed by transformers
+//! (fixtures/make_tiny_llamas.py, fixtures/make_tokenizer_golden.py).
+
+mod util;
+
+mod autodiff;
+mod generation;
+mod parity;
+mod tokenizer;
+mod weights;
