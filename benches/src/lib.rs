@@ -1,0 +1,76 @@
+//! Shared helpers of the benchmark binaries: process memory readings and timing.
+
+use std::time::Instant;
+
+/// A field of `/proc/self/status` in bytes (`VmRSS`, `VmHWM`).
+pub fn proc_status_bytes(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets the peak resident set size (`VmHWM`) to the current one (Linux ≥ 4.0).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Peak memory above the current resident set while `f` runs: (result, extra bytes).
+///
+/// Measured as `VmHWM` after `f` minus `VmRSS` before it, with the peak reset first; the
+/// result of `f` is kept alive until the reading, so it counts too.
+pub fn peak_extra<R>(f: impl FnOnce() -> R) -> (R, Option<u64>) {
+    let base = proc_status_bytes("VmRSS");
+    let ok = reset_peak_rss();
+    let r = f();
+    let peak = proc_status_bytes("VmHWM");
+    let extra = match (ok, base, peak) {
+        (true, Some(b), Some(p)) => Some(p.saturating_sub(b)),
+        _ => None,
+    };
+    (r, extra)
+}
+
+/// CPU time of this process (user + system), in seconds.
+pub fn cpu_seconds() -> f64 {
+    let Ok(text) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields 14 and 15 (utime, stime) follow the parenthesised command name.
+    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Median, min and max of `repeats` timed calls after `warmup` untimed ones, in ms, plus
+/// CPU time / wall time over the timed calls.
+pub fn time_ms(warmup: usize, repeats: usize, mut f: impl FnMut()) -> (f64, f64, f64, f64) {
+    for _ in 0..warmup {
+        f();
+    }
+    let cpu0 = cpu_seconds();
+    let wall0 = Instant::now();
+    let mut times: Vec<f64> = (0..repeats)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    let wall = wall0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    (
+        median,
+        times[0],
+        times[times.len() - 1],
+        cpu / wall.max(1e-9),
+    )
+}

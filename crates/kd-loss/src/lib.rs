@@ -1,0 +1,47 @@
+//! Losses for knowledge distillation and speculator training, on Burn 0.22.
+//!
+//! The contract is `reference/losses.md`: distributions (full vocabulary or the teacher's
+//! top-k, with kd and teacher temperatures), the objectives ([`KdObjective`]: forward,
+//! reverse, skewed forward/reverse and adaptive KL, Jensen–Shannon, total variation),
+//! cross-entropy, the hidden-state MSE with a learned projection, masks, and normalisation by a
+//! global token count the caller passes.
+//!
+//! Two implementations share one API ([`KernelPath`]):
+//! - the fused host kernels (CPU backend): one pass per row computes the loss and its
+//!   gradient together, reading the logits in place; the gradient reaches autodiff through a
+//!   custom backward op, so peak extra memory is the gradient itself plus O(vocab) per thread;
+//! - the reference path in Burn's generic tensor ops (any backend, autodiff through it), which
+//!   tests hold to the same PyTorch numbers.
+//!
+//! ```
+//! use burn::tensor::{Device, Tensor};
+//! use kd_loss::{kd_loss, KdConfig, KdObjective, Teacher};
+//!
+//! let device = Device::flex().autodiff();
+//! let student = Tensor::<2>::from_floats([[1.0, 2.0, 0.5], [0.1, 0.2, 0.3]], &device).require_grad();
+//! let teacher = Tensor::<2>::from_floats([[1.5, 1.0, 0.0], [0.3, 0.2, 0.1]], &device);
+//! let config = KdConfig { logits_topk: 0, ..KdConfig::new(KdObjective::ForwardKl) };
+//! let out = kd_loss(student.clone(), Teacher::Logits(teacher), &[true, true], 2.0, &config).unwrap();
+//! let grads = out.loss.backward();
+//! assert!(student.grad(&grads).is_some());
+//! assert!(out.stats.acceptance_rate() > 0.5);
+//! ```
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+mod fused;
+mod hidden;
+pub mod kernels;
+mod loss;
+mod reference;
+mod shift;
+
+pub use config::{KdConfig, KdObjective, SparseStudent};
+pub use error::{LossError, Result};
+pub use hidden::{HiddenProjection, hidden_mse};
+pub use loss::{
+    KernelPath, LossOutput, LossStats, Teacher, cross_entropy, cross_entropy_with, kd_loss,
+    kd_loss_and_grad, kd_loss_with, mean_accepted_length,
+};
+pub use shift::{IGNORE_INDEX, NextTokenTargets, next_token_targets};

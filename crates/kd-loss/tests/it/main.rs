@@ -1,0 +1,6 @@
+//! kd-loss against PyTorch (fixtures/make_loss_golden.py) and mathematical properties.
+
+mod util;
+
+mod golden;
+mod properties;
