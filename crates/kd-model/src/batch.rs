@@ -174,6 +174,9 @@ pub struct ForwardOptions {
     pub last_position_only: bool,
     /// Hidden states to return.
     pub hidden_states: HiddenStates,
+    /// Training: the seed LoRA dropout masks are derived from (`None` = no dropout, as in
+    /// evaluation). The trainer derives it from (run seed, step, micro-batch).
+    pub dropout_seed: Option<u64>,
 }
 
 impl Default for ForwardOptions {
@@ -182,6 +185,7 @@ impl Default for ForwardOptions {
             logits: true,
             last_position_only: false,
             hidden_states: HiddenStates::None,
+            dropout_seed: None,
         }
     }
 }

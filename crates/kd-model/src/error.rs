@@ -87,6 +87,10 @@ pub enum ModelError {
         message: String,
     },
 
+    /// A LoRA configuration or adapter problem.
+    #[error("LoRA: {0}")]
+    Lora(String),
+
     /// Inputs of a forward pass have inconsistent shapes or out-of-range values.
     #[error("invalid input: {0}")]
     Input(String),

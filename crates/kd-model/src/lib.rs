@@ -32,6 +32,7 @@ mod cache;
 mod config;
 mod device;
 mod error;
+mod lora;
 mod model;
 mod rope;
 mod weights;
@@ -45,6 +46,8 @@ pub use cache::KvCache;
 pub use config::{LlamaConfig, RopeScaling, StoredDType};
 pub use device::{parse_device, parse_device_list};
 pub use error::{ModelError, Result};
+pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};
+pub use lora::{ParameterReport, TOKENIZER_FILES, copy_tokenizer_files};
 pub use model::{Attention, DecoderLayer, Llama, Mlp, ModelOutput};
 pub use rope::{Rope, apply_rotary};
 pub use weights::{

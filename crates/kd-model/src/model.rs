@@ -11,6 +11,7 @@ use burn::tensor::activation::silu;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use kd_lora::{LoraLinear, derive_seed};
 
 use crate::batch::{ForwardOptions, HiddenStates, TokenBatch};
 use crate::cache::KvCache;
@@ -22,13 +23,13 @@ use crate::rope::{Rope, apply_rotary};
 #[derive(Module, Debug)]
 pub struct Attention {
     /// Query projection, `hidden → heads · head_dim`.
-    pub q_proj: Linear,
+    pub q_proj: LoraLinear,
     /// Key projection, `hidden → kv_heads · head_dim`.
-    pub k_proj: Linear,
+    pub k_proj: LoraLinear,
     /// Value projection, `hidden → kv_heads · head_dim`.
-    pub v_proj: Linear,
+    pub v_proj: LoraLinear,
     /// Output projection, `heads · head_dim → hidden`.
-    pub o_proj: Linear,
+    pub o_proj: LoraLinear,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -47,13 +48,22 @@ impl Attention {
         sin: &Tensor<4>,
         mask: &Tensor<4, Bool>,
         cache: Option<(&mut KvCache, usize)>,
+        seed: Option<u64>,
     ) -> Tensor<3> {
         let [b, s, _] = x.dims();
         let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, d]).swap_dims(1, 2);
-        let q = apply_rotary(heads(self.q_proj.forward(x.clone()), h), cos, sin);
-        let k = apply_rotary(heads(self.k_proj.forward(x.clone()), kv), cos, sin);
-        let v = heads(self.v_proj.forward(x), kv);
+        let q = apply_rotary(
+            heads(self.q_proj.forward(x.clone(), module_seed(seed, 0)), h),
+            cos,
+            sin,
+        );
+        let k = apply_rotary(
+            heads(self.k_proj.forward(x.clone(), module_seed(seed, 1)), kv),
+            cos,
+            sin,
+        );
+        let v = heads(self.v_proj.forward(x, module_seed(seed, 2)), kv);
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, k, v),
             None => (k, v),
@@ -77,9 +87,16 @@ impl Attention {
                 is_causal: false,
             },
         );
-        self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([b, s, h * d]))
+        self.o_proj.forward(
+            out.swap_dims(1, 2).reshape([b, s, h * d]),
+            module_seed(seed, 3),
+        )
     }
+}
+
+/// The dropout seed of projection `index` of a layer (0–3 attention, 4–6 MLP).
+fn module_seed(layer_seed: Option<u64>, index: u64) -> Option<u64> {
+    layer_seed.map(|s| derive_seed(s, &[index]))
 }
 
 /// `[b, kv, t, d]` → `[b, kv · groups, t, d]`, each KV head repeated for its query group.
@@ -94,17 +111,18 @@ fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
 #[derive(Module, Debug)]
 pub struct Mlp {
     /// Gate projection, `hidden → intermediate`.
-    pub gate_proj: Linear,
+    pub gate_proj: LoraLinear,
     /// Up projection, `hidden → intermediate`.
-    pub up_proj: Linear,
+    pub up_proj: LoraLinear,
     /// Down projection, `intermediate → hidden`.
-    pub down_proj: Linear,
+    pub down_proj: LoraLinear,
 }
 
 impl Mlp {
-    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+    fn forward(&self, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
+        let gate = silu(self.gate_proj.forward(x.clone(), module_seed(seed, 4)));
+        let up = self.up_proj.forward(x, module_seed(seed, 5));
+        self.down_proj.forward(gate * up, module_seed(seed, 6))
     }
 }
 
@@ -129,19 +147,13 @@ impl DecoderLayer {
         sin: &Tensor<4>,
         mask: &Tensor<4, Bool>,
         cache: Option<(&mut KvCache, usize)>,
+        seed: Option<u64>,
     ) -> Tensor<3> {
-        let attn = self.self_attn.forward(
-            self.input_layernorm.forward(x.clone()),
-            cos,
-            sin,
-            mask,
-            cache,
-        );
+        let normed = self.input_layernorm.forward(x.clone());
+        let attn = self.self_attn.forward(normed, cos, sin, mask, cache, seed);
         let x = x + attn;
-        let mlp = self
-            .mlp
-            .forward(self.post_attention_layernorm.forward(x.clone()));
-        x + mlp
+        let normed = self.post_attention_layernorm.forward(x.clone());
+        x + self.mlp.forward(normed, seed)
     }
 }
 
@@ -203,7 +215,7 @@ impl Llama {
 
     pub(crate) fn attention_from_parts(
         config: &LlamaConfig,
-        [q_proj, k_proj, v_proj, o_proj]: [Linear; 4],
+        [q_proj, k_proj, v_proj, o_proj]: [LoraLinear; 4],
     ) -> Attention {
         Attention {
             q_proj,
@@ -214,6 +226,38 @@ impl Llama {
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
         }
+    }
+
+    /// Every adapter-capable projection with its module path
+    /// (`model.layers.{i}.self_attn.q_proj`, …), in checkpoint order.
+    pub fn projections(&self) -> Vec<(String, &LoraLinear)> {
+        let mut out = Vec::with_capacity(self.layers.len() * 7);
+        for (i, l) in self.layers.iter().enumerate() {
+            let (a, m) = (&l.self_attn, &l.mlp);
+            for (name, p) in [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &m.gate_proj),
+                ("mlp.up_proj", &m.up_proj),
+                ("mlp.down_proj", &m.down_proj),
+            ] {
+                out.push((format!("model.layers.{i}.{name}"), p));
+            }
+        }
+        out
+    }
+
+    /// Mutable access to the projections, in the order of [`projections`](Self::projections).
+    pub(crate) fn projections_mut(&mut self) -> Vec<&mut LoraLinear> {
+        let mut out = Vec::with_capacity(self.layers.len() * 7);
+        for l in &mut self.layers {
+            let (a, m) = (&mut l.self_attn, &mut l.mlp);
+            out.extend([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj]);
+            out.extend([&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj]);
+        }
+        out
     }
 
     /// The configuration this model was built from.
@@ -322,7 +366,8 @@ impl Llama {
         record(0, &x);
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| (c, i));
-            x = layer.forward(x, &cos, &sin, &mask, layer_cache);
+            let seed = options.dropout_seed.map(|s| derive_seed(s, &[i as u64]));
+            x = layer.forward(x, &cos, &sin, &mask, layer_cache, seed);
             // HF's entry for the last layer is the normed output, recorded below.
             if i + 1 < n_layers {
                 record(i + 1, &x);

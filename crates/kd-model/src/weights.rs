@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::model::{DecoderLayer, Llama, Mlp};
+use kd_lora::LoraLinear;
 
 /// File name of a single-file checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -295,15 +296,15 @@ pub(crate) fn load(
     let vector = |name: &str| -> Result<Tensor<1>> {
         Ok(Tensor::from_data(ck.read(name, dt, false)?, (device, dt)))
     };
-    let linear = |name: &str, bias: bool| -> Result<Linear> {
-        Ok(Linear {
+    let linear = |name: &str, bias: bool| -> Result<LoraLinear> {
+        Ok(LoraLinear::new(Linear {
             weight: Param::from_tensor(tensor(&format!("{name}.weight"), true)?),
             bias: if bias {
                 Some(Param::from_tensor(vector(&format!("{name}.bias"))?))
             } else {
                 None
             },
-        })
+        }))
     };
     let norm = |name: &str| -> Result<RmsNorm> {
         Ok(RmsNorm {
@@ -341,7 +342,7 @@ pub(crate) fn load(
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(linear("lm_head", false)?)
+        Some(linear("lm_head", false)?.base)
     };
     let _ = &ck.dir;
     Ok(Llama::from_parts(
@@ -383,7 +384,7 @@ pub(crate) fn named_tensors(model: &Llama) -> Vec<(String, TensorData)> {
             ("v_proj", &a.v_proj),
             ("o_proj", &a.o_proj),
         ] {
-            linear(&mut put, &format!("{p}.self_attn.{n}"), proj);
+            linear(&mut put, &format!("{p}.self_attn.{n}"), &proj.base);
         }
         put(
             format!("{p}.post_attention_layernorm.weight"),
@@ -395,7 +396,7 @@ pub(crate) fn named_tensors(model: &Llama) -> Vec<(String, TensorData)> {
             ("up_proj", &m.up_proj),
             ("down_proj", &m.down_proj),
         ] {
-            linear(&mut put, &format!("{p}.mlp.{n}"), proj);
+            linear(&mut put, &format!("{p}.mlp.{n}"), &proj.base);
         }
     }
     put(

@@ -73,25 +73,25 @@ fn gradients_match_pytorch() {
         check(
             name,
             "q_proj",
-            &grad(&l0.self_attn.q_proj.weight, &grads, true),
+            &grad(&l0.self_attn.q_proj.base.weight, &grads, true),
             &g["grad.model.layers.0.self_attn.q_proj.weight"].f32,
         );
         check(
             name,
             "k_proj",
-            &grad(&l0.self_attn.k_proj.weight, &grads, true),
+            &grad(&l0.self_attn.k_proj.base.weight, &grads, true),
             &g["grad.model.layers.0.self_attn.k_proj.weight"].f32,
         );
         check(
             name,
             "v_proj",
-            &grad(&l0.self_attn.v_proj.weight, &grads, true),
+            &grad(&l0.self_attn.v_proj.base.weight, &grads, true),
             &g["grad.model.layers.0.self_attn.v_proj.weight"].f32,
         );
         check(
             name,
             "down_proj",
-            &grad(&model.layers[1].mlp.down_proj.weight, &grads, true),
+            &grad(&model.layers[1].mlp.down_proj.base.weight, &grads, true),
             &g["grad.model.layers.1.mlp.down_proj.weight"].f32,
         );
         let norm = l0.input_layernorm.gamma.val().grad(&grads).unwrap();

@@ -5,6 +5,7 @@ mod util;
 
 mod autodiff;
 mod generation;
+mod lora;
 mod parity;
 mod tokenizer;
 mod weights;

@@ -67,6 +67,7 @@ fn chosen_hidden_states_and_no_logits() {
         logits: false,
         last_position_only: false,
         hidden_states: HiddenStates::Layers(vec![3, 1]),
+        dropout_seed: None,
     };
     let out = model.forward(&batch, &opts).unwrap();
     assert!(out.logits.is_none());

@@ -1,0 +1,309 @@
+//! Tokenization: the model's tokenizer and chat template together; prompt/completion examples
+//! with label masks decided by position, and truncation that keeps the end of the prompt and
+//! the start of the completion.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DataError, Result};
+use crate::source::{Message, QaRecord};
+use crate::template::{ChatTemplate, load_template};
+
+/// The label of positions that do not count.
+pub const IGNORE_INDEX: i64 = -100;
+
+/// A Hugging Face tokenizer (`tokenizer.json`) with its chat template.
+pub struct ChatTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    template: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for ChatTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("template", &self.template)
+            .finish()
+    }
+}
+
+impl ChatTokenizer {
+    /// Loads `tokenizer.json` and the chat template of a model or tokenizer directory.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(DataError::NoInput {
+                path,
+                message:
+                    "no tokenizer.json: the model directory needs Hugging Face tokenizer files"
+                        .into(),
+            });
+        }
+        let tokenizer = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| DataError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self {
+            tokenizer,
+            template: load_template(dir)?,
+        })
+    }
+
+    /// Replaces the chat template (e.g. Meta's official one for a base tokenizer).
+    pub fn with_template(mut self, template: ChatTemplate) -> Self {
+        self.template = Some(template);
+        self
+    }
+
+    /// The chat template, if the tokenizer has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// The id of a token (`"<|eot_id|>"`).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
+    /// Encodes text; `add_special_tokens` applies the tokenizer's post-processor (BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        self.tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| DataError::Tokenizer(e.to_string()))
+    }
+
+    /// Decodes ids to text.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| DataError::Tokenizer(e.to_string()))
+    }
+
+    fn require_template(&self) -> Result<&ChatTemplate> {
+        self.template.as_ref().ok_or_else(|| {
+            DataError::Template(
+                "the tokenizer has no chat_template (tokenizer_config.json or chat_template.jinja); \
+                 pass one with ChatTokenizer::with_template"
+                    .into(),
+            )
+        })
+    }
+
+    /// The ids of a rendered conversation, as `apply_chat_template(messages,
+    /// add_generation_prompt=…, tokenize=True)` gives them: the template writes the special
+    /// tokens itself, so the text is encoded without adding any.
+    pub fn encode_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>> {
+        let text = self
+            .require_template()?
+            .render(messages, add_generation_prompt)?;
+        self.encode(&text, false)
+    }
+
+    /// Prompt ids for the teacher: the conversation with the generation prompt.
+    pub fn encode_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        self.encode_chat(messages, true)
+    }
+
+    /// Prompt ids of many conversations, in parallel, in input order.
+    pub fn encode_prompts(&self, conversations: &[Vec<Message>]) -> Result<Vec<Vec<u32>>> {
+        conversations
+            .par_iter()
+            .map(|m| self.encode_prompt(m))
+            .collect()
+    }
+
+    /// A question/answer example: the prompt is the conversation with the generation prompt,
+    /// the completion is what the template renders for the assistant turn (its end-of-turn
+    /// token included).
+    pub fn qa_example(
+        &self,
+        record: &QaRecord,
+        options: &ExampleOptions,
+    ) -> Result<(Example, Truncation)> {
+        let prompt = self.encode_prompt(&record.messages)?;
+        let mut full_messages = record.messages.clone();
+        full_messages.push(Message::new("assistant", record.answer.clone()));
+        let full = self.encode_chat(&full_messages, false)?;
+        if full.len() < prompt.len() || full[..prompt.len()] != prompt[..] {
+            return Err(DataError::Template(format!(
+                "{}: the rendered conversation does not start with the rendered prompt, so the \
+                 answer tokens cannot be located; this template is not prefix-stable",
+                record.location
+            )));
+        }
+        Ok(build_example(
+            &record.id,
+            &prompt,
+            &full[prompt.len()..],
+            options,
+        ))
+    }
+}
+
+/// How examples are cut and labelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExampleOptions {
+    /// Longest example in tokens (the seed's `--max_seq_length`, 2048).
+    pub max_seq_length: usize,
+    /// Put labels on the prompt too (`distill_on_prompt` / SFT on the whole text).
+    pub train_on_prompt: bool,
+}
+
+impl Default for ExampleOptions {
+    fn default() -> Self {
+        Self {
+            max_seq_length: 2048,
+            train_on_prompt: false,
+        }
+    }
+}
+
+/// A tokenized training example.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Example {
+    /// Provenance (`custom_id` or `file:line`).
+    pub id: String,
+    /// Prompt then completion ids.
+    pub input_ids: Vec<u32>,
+    /// The token at each position, or −100 where it is not learned (the prompt). Labels are
+    /// decided by position, never by token value: an end-of-turn token equal to the pad id
+    /// keeps its label.
+    pub labels: Vec<i64>,
+    /// Number of prompt tokens kept.
+    pub prompt_len: usize,
+}
+
+impl Example {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    /// Whether the example has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+}
+
+/// What truncation cut from one example (sum them for a report).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Truncation {
+    /// Examples that were cut.
+    pub examples: usize,
+    /// Prompt tokens removed (from the prompt's start).
+    pub prompt_tokens: usize,
+    /// Completion tokens removed (from the completion's end).
+    pub completion_tokens: usize,
+}
+
+impl Truncation {
+    /// Adds another example's counts.
+    pub fn add(&mut self, o: Truncation) {
+        self.examples += o.examples;
+        self.prompt_tokens += o.prompt_tokens;
+        self.completion_tokens += o.completion_tokens;
+    }
+}
+
+/// Joins prompt and completion into an example, cutting to `max_seq_length`: the end of the
+/// prompt (at least half the budget when the prompt is that long) and the start of the
+/// completion are kept.
+pub fn build_example(
+    id: &str,
+    prompt: &[u32],
+    completion: &[u32],
+    options: &ExampleOptions,
+) -> (Example, Truncation) {
+    let l = options.max_seq_length;
+    let (p, c) = (prompt.len(), completion.len());
+    let (keep_p, keep_c) = if p + c <= l {
+        (p, c)
+    } else {
+        let keep_p = p.min((l.saturating_sub(c)).max(l / 2));
+        (keep_p, c.min(l - keep_p))
+    };
+    let prompt = &prompt[p - keep_p..];
+    let completion = &completion[..keep_c];
+    let mut input_ids = Vec::with_capacity(keep_p + keep_c);
+    input_ids.extend_from_slice(prompt);
+    input_ids.extend_from_slice(completion);
+    let mut labels = Vec::with_capacity(input_ids.len());
+    labels.extend(prompt.iter().map(|t| {
+        if options.train_on_prompt {
+            *t as i64
+        } else {
+            IGNORE_INDEX
+        }
+    }));
+    labels.extend(completion.iter().map(|t| *t as i64));
+    let cut = Truncation {
+        examples: usize::from(keep_p < p || keep_c < c),
+        prompt_tokens: p - keep_p,
+        completion_tokens: c - keep_c,
+    };
+    (
+        Example {
+            id: id.to_string(),
+            input_ids,
+            labels,
+            prompt_len: keep_p,
+        },
+        cut,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_by_position_and_truncation() {
+        let opts = ExampleOptions {
+            max_seq_length: 8,
+            train_on_prompt: false,
+        };
+        // The completion ends with the pad/eos id 0: it keeps its label.
+        let (e, cut) = build_example("x", &[1, 2, 3], &[7, 0], &opts);
+        assert_eq!(e.input_ids, vec![1, 2, 3, 7, 0]);
+        assert_eq!(e.labels, vec![-100, -100, -100, 7, 0]);
+        assert_eq!(cut, Truncation::default());
+        // Long prompt, short completion: the prompt's end is kept.
+        let (e, cut) = build_example("x", &[1, 2, 3, 4, 5, 6, 7, 8, 9], &[50, 51], &opts);
+        assert_eq!(e.input_ids, vec![4, 5, 6, 7, 8, 9, 50, 51]);
+        assert_eq!(
+            (cut.examples, cut.prompt_tokens, cut.completion_tokens),
+            (1, 3, 0)
+        );
+        // Both long: half the budget for the prompt's end, the rest for the completion's start.
+        let (e, cut) = build_example("x", &[1, 2, 3, 4, 5, 6], &[10, 11, 12, 13, 14, 15], &opts);
+        assert_eq!(e.input_ids, vec![3, 4, 5, 6, 10, 11, 12, 13]);
+        assert_eq!(e.prompt_len, 4);
+        assert_eq!((cut.prompt_tokens, cut.completion_tokens), (2, 2));
+        // Training on the prompt labels it too.
+        let on = ExampleOptions {
+            train_on_prompt: true,
+            ..opts
+        };
+        assert_eq!(
+            build_example("x", &[1, 2], &[3], &on).0.labels,
+            vec![1, 2, 3]
+        );
+    }
+}
