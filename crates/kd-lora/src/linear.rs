@@ -53,6 +53,35 @@ impl LoraAdapter {
         }
     }
 
+    /// A fresh adapter whose A is drawn from a seed instead of the device's generator
+    /// (Kaiming-uniform, bound 1/√in, values decided by hash(seed, index)), so that
+    /// initialisation is reproducible whatever else uses the global generator.
+    pub fn seeded(
+        d_in: usize,
+        d_out: usize,
+        r: usize,
+        scale: f64,
+        dropout: f64,
+        seed: u64,
+        device: &Device,
+    ) -> Self {
+        let bound = 1.0 / (d_in as f64).sqrt();
+        let base = crate::dropout::splitmix64(seed);
+        // A in Burn's layout [in, r].
+        let a: Vec<f32> = (0..(d_in * r) as u64)
+            .map(|i| {
+                let u = (crate::dropout::splitmix64(base ^ i) >> 11) as f64 / (1u64 << 53) as f64;
+                ((2.0 * u - 1.0) * bound) as f32
+            })
+            .collect();
+        let mut adapter = Self::new(d_in, d_out, r, scale, dropout, device);
+        adapter.lora_a = Linear {
+            weight: Param::from_tensor(Tensor::from_data(TensorData::new(a, [d_in, r]), device)),
+            bias: None,
+        };
+        adapter
+    }
+
     /// An adapter from PEFT-layout values: A `[r, in]`, B `[out, r]` (row-major f32).
     pub fn from_peft(
         a: &[f32],
@@ -67,8 +96,15 @@ impl LoraAdapter {
                 "adapter of rank {r} for [{d_out}, {d_in}] needs A [{r}, {d_in}] and B [{d_out}, {r}]"
             )));
         }
+        // Transposed on the host so that the parameter is contiguous, as a freshly trained one
+        // is (a strided view would change the matmul's summation order, and exact resume
+        // needs bit-identical arithmetic).
         let t = |v: &[f32], rows: usize, cols: usize| {
-            Tensor::<2>::from_data(TensorData::new(v.to_vec(), [rows, cols]), device).transpose()
+            let mut out = Vec::with_capacity(v.len());
+            for c in 0..cols {
+                out.extend((0..rows).map(|r| v[r * cols + c]));
+            }
+            Tensor::<2>::from_data(TensorData::new(out, [cols, rows]), device)
         };
         Ok(Self {
             lora_a: Linear {

@@ -26,6 +26,7 @@ pub struct TokenBatch {
     ids: Vec<u32>,
     mask: Vec<bool>,
     positions: Option<Vec<i64>>,
+    segments: Option<Vec<u32>>,
 }
 
 impl TokenBatch {
@@ -45,6 +46,7 @@ impl TokenBatch {
             ids,
             mask,
             positions: None,
+            segments: None,
         })
     }
 
@@ -56,6 +58,7 @@ impl TokenBatch {
             ids: ids.to_vec(),
             mask: vec![true; ids.len()],
             positions: None,
+            segments: None,
         }
     }
 
@@ -84,7 +87,28 @@ impl TokenBatch {
             ids,
             mask,
             positions: None,
+            segments: None,
         }
+    }
+
+    /// Marks packed sequences: tokens attend only to earlier tokens of the same segment
+    /// (row-major `[batch, seq]`, e.g. kd-data's `sequence_ids`). Full forward passes only.
+    pub fn with_segments(mut self, segments: Vec<u32>) -> Result<Self> {
+        if segments.len() != self.ids.len() {
+            return Err(ModelError::Input(format!(
+                "{} segment ids for a [{}, {}] batch",
+                segments.len(),
+                self.batch,
+                self.seq
+            )));
+        }
+        self.segments = Some(segments);
+        Ok(self)
+    }
+
+    /// Segment ids, if the batch is packed.
+    pub fn segments(&self) -> Option<&[u32]> {
+        self.segments.as_deref()
     }
 
     /// Sets explicit position ids, row-major `[batch, seq]`.

@@ -53,22 +53,33 @@ impl Llama {
     /// targets and freezes every base parameter, so that only adapters get gradients and
     /// optimizer state. Seed the device first for reproducible initialisation.
     pub fn apply_lora(self, config: &LoraConfig) -> Result<Self> {
+        self.attach(config, None)
+    }
+
+    /// Like [`apply_lora`](Self::apply_lora), with every A matrix drawn from `seed` (and the
+    /// module's index) instead of the device's global generator: reproducible whatever else
+    /// draws random numbers meanwhile.
+    pub fn apply_lora_seeded(self, config: &LoraConfig, seed: u64) -> Result<Self> {
+        self.attach(config, Some(seed))
+    }
+
+    fn attach(self, config: &LoraConfig, seed: Option<u64>) -> Result<Self> {
         let matcher = config.matcher().map_err(lora_err)?;
         let paths: Vec<String> = self.projections().into_iter().map(|(p, _)| p).collect();
         let selected = matcher.check(&paths).map_err(lora_err)?;
         let device = self.embed_tokens.weight.device();
         let mut model = self.no_grad();
-        for (path, proj) in paths.iter().zip(model.projections_mut()) {
+        for (k, (path, proj)) in paths.iter().zip(model.projections_mut()).enumerate() {
             if selected.contains(path) {
                 let (d_in, d_out) = proj.dims();
-                proj.adapter = Some(LoraAdapter::new(
-                    d_in,
-                    d_out,
-                    config.r,
-                    config.scaling(),
-                    config.dropout,
-                    &device,
-                ));
+                let (r, scale, p) = (config.r, config.scaling(), config.dropout);
+                proj.adapter = Some(match seed {
+                    Some(seed) => {
+                        let s = kd_lora::derive_seed(seed, &[k as u64]);
+                        LoraAdapter::seeded(d_in, d_out, r, scale, p, s, &device)
+                    }
+                    None => LoraAdapter::new(d_in, d_out, r, scale, p, &device),
+                });
             }
         }
         Ok(model)

@@ -309,6 +309,11 @@ impl Llama {
             )));
         }
         cache.check_batch(batch.batch_size())?;
+        if batch.segments().is_some() {
+            return Err(ModelError::Input(
+                "packed batches (segment ids) are for full forward passes, not the KV cache".into(),
+            ));
+        }
         self.run(batch, Some(cache), options)
     }
 
@@ -423,9 +428,15 @@ fn attention_mask(
         let valid = |j: usize| {
             if j < past { past_row[j] } else { new[j - past] }
         };
+        let segs = batch.segments().map(|g| &g[row * s..(row + 1) * s]);
         for i in 0..s {
             for j in 0..total {
-                data.push(!(valid(j) && j <= past + i));
+                // Packed sequences (full passes only) attend within their own segment.
+                let same_segment = match segs {
+                    Some(g) if j >= past => g[j - past] == g[i],
+                    _ => true,
+                };
+                data.push(!(valid(j) && j <= past + i && same_segment));
             }
         }
     }

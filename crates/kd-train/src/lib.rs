@@ -1,0 +1,39 @@
+//! The training loop shared by the speculator and distill pipelines, on Burn's autodiff.
+//!
+//! - [`TrainConfig`]: the seed's flags (epochs, `max_steps`, AdamW, warmup + cosine/linear/
+//!   constant, global-norm clipping, accumulation, data-parallel replicas, checkpointing).
+//! - [`train`]: one optimizer step sums the gradients of all its micro-batches (and replicas),
+//!   every loss term normalised by the step's global count of label tokens; AdamW as PyTorch
+//!   computes it ([`AdamW`]) with state keyed by parameter path; non-finite steps skipped and
+//!   counted.
+//! - Checkpoints `checkpoint-{step}` / `checkpoint-epoch-{e}` written atomically: the adapter
+//!   in PEFT layout (or the whole model in HF layout), the projection, tokenizer files,
+//!   `training_state/` (optimizer moments, step, epoch, data position) and
+//!   `trainer_state.json`. Data order and dropout masks derive from (seed, epoch, step), so a
+//!   resumed run ends with the same bytes as an uninterrupted one.
+//! - Metrics: `training_log.txt`, TensorBoard event files under `runs/`, and a
+//!   [`TrainObserver`] for progress bars.
+#![warn(missing_docs)]
+
+mod checkpoint;
+mod config;
+mod error;
+mod metrics;
+mod optim;
+mod schedule;
+mod trainer;
+
+pub use checkpoint::{
+    OPTIMIZER_FILE, PROJECTION_FILE, STATE_FILE, TRAINER_STATE_FILE, TRAINING_STATE_DIR,
+    TrainerState, TrainingState, prune, read_state, resolve_resume, step_checkpoints,
+    write_checkpoint,
+};
+pub use config::{SchedulerType, TrainConfig, TrainMode};
+pub use error::{Result, TrainError};
+pub use metrics::{LogRecord, NoopObserver, TensorBoard, TextLog, TrainObserver, crc32c};
+pub use optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
+pub use schedule::learning_rate;
+pub use trainer::{
+    CausalLmLoss, RunInfo, StepGradients, StepLoss, StepLossFn, TrainModel, TrainSummary,
+    load_checkpoint_weights, shard_rows, step_gradients, token_batch, train,
+};

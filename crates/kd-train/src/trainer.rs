@@ -1,0 +1,590 @@
+//! The training loop: micro-batches of a step share one global token count (every loss term
+//! of the step is a sum over counted tokens divided by it), gradients are summed over
+//! micro-batches and replicas, clipped by global norm, AdamW with a step-derived learning
+//! rate; checkpoints and metrics; exact resume.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Device, Tensor};
+use kd_data::{Batch, BatchOptions, Example, collate, plan_batches};
+use kd_lora::{LoraConfig, derive_seed};
+use kd_loss::{HiddenProjection, cross_entropy, next_token_targets};
+use kd_model::{ForwardOptions, Llama, SaveDType, TokenBatch};
+use serde_json::json;
+
+use crate::checkpoint::{
+    OPTIMIZER_FILE, PROJECTION_FILE, STATE_FILE, TRAINER_STATE_FILE, TRAINING_STATE_DIR,
+    TrainerState, TrainingState, prune, read_state, resolve_resume, write_checkpoint,
+};
+use crate::config::{TrainConfig, TrainMode};
+use crate::error::{Result, TrainError};
+use crate::metrics::{LogRecord, TensorBoard, TextLog, TrainObserver};
+use crate::optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
+use crate::schedule::learning_rate;
+
+/// What is trained: the model and, for hidden-state distillation, the projection.
+#[derive(Module, Debug)]
+pub struct TrainModel {
+    /// The student / draft model (with adapters in LoRA mode).
+    pub llama: Llama,
+    /// Student → teacher hidden-state projection, trained with the adapters.
+    pub projection: Option<HiddenProjection>,
+}
+
+/// The loss of one micro-batch; every term is already a sum over counted tokens divided by
+/// the step's global token count.
+pub struct StepLoss {
+    /// The differentiable total.
+    pub total: Tensor<1>,
+    /// Each term's value (`ce_loss`, `kd_loss`, `hidden_mse`), weighted as in the total.
+    pub terms: Vec<(&'static str, f64)>,
+}
+
+/// How a micro-batch becomes a loss (the pipelines implement it; the teacher can be in the
+/// loop here).
+pub trait StepLossFn {
+    /// The loss of `batch` (examples `batch.examples` of the training set) normalised by
+    /// `normalizer`, with dropout masks derived from `dropout_seed`.
+    fn loss(
+        &self,
+        model: &TrainModel,
+        batch: &Batch,
+        normalizer: f32,
+        dropout_seed: u64,
+    ) -> Result<StepLoss>;
+}
+
+/// The model input of a collated batch (packed rows attend within their sequence).
+pub fn token_batch(batch: &Batch) -> Result<TokenBatch> {
+    let tb = TokenBatch::new(
+        batch.batch_size,
+        batch.seq_len,
+        batch.input_ids.clone(),
+        batch.attention_mask.clone(),
+    )?
+    .with_positions(batch.position_ids.clone())?;
+    Ok(if batch.is_packed() {
+        tb.with_segments(batch.sequence_ids.clone())?
+    } else {
+        tb
+    })
+}
+
+/// Next-token cross-entropy on the batch's labels (the speculator's language-modelling term,
+/// and SFT).
+#[derive(Debug, Clone, Copy)]
+pub struct CausalLmLoss {
+    /// Weight of the term in the total (the seed's `--ce_weight`; 1 for plain SFT).
+    pub weight: f64,
+}
+
+impl StepLossFn for CausalLmLoss {
+    fn loss(
+        &self,
+        model: &TrainModel,
+        batch: &Batch,
+        normalizer: f32,
+        dropout_seed: u64,
+    ) -> Result<StepLoss> {
+        let opts = ForwardOptions {
+            dropout_seed: Some(dropout_seed),
+            ..ForwardOptions::default()
+        };
+        let logits = model
+            .llama
+            .forward(&token_batch(batch)?, &opts)?
+            .logits
+            .expect("logits requested");
+        let [b, s, v] = logits.dims();
+        let shifted = next_token_targets(&batch.labels, b, s);
+        let ce = cross_entropy(logits.reshape([b * s, v]), &shifted.targets, normalizer)?;
+        let value = ce.stats.loss_sum / normalizer as f64 * self.weight;
+        Ok(StepLoss {
+            total: ce.loss * self.weight,
+            terms: vec![("ce_loss", value)],
+        })
+    }
+}
+
+/// Splits the rows of one micro-batch across `replicas` data-parallel ranks (contiguous
+/// shards, the first ones one row longer when it does not divide).
+pub fn shard_rows<T: Clone>(rows: &[T], replicas: usize) -> Vec<Vec<T>> {
+    let r = replicas.max(1);
+    let base = rows.len() / r;
+    let extra = rows.len() % r;
+    let mut out = Vec::with_capacity(r);
+    let mut at = 0;
+    for k in 0..r {
+        let n = base + usize::from(k < extra);
+        out.push(rows[at..at + n].to_vec());
+        at += n;
+    }
+    out
+}
+
+/// Gradients, total loss and the loss terms of one optimizer step.
+pub type StepGradients = (GradientsParams, f64, Vec<(&'static str, f64)>);
+
+/// The gradient of one optimizer step: every micro-batch (of every replica) with the same
+/// global normaliser, gradients summed — what an all-reduce of per-rank sums gives.
+pub fn step_gradients(
+    model: &TrainModel,
+    micro_batches: &[Batch],
+    normalizer: f32,
+    loss_fn: &dyn StepLossFn,
+    seeds: &[u64],
+) -> Result<StepGradients> {
+    let mut acc = GradientsAccumulator::<TrainModel>::new();
+    let mut total = 0.0;
+    let mut terms: Vec<(&'static str, f64)> = Vec::new();
+    for (mb, seed) in micro_batches.iter().zip(seeds) {
+        let l = loss_fn.loss(model, mb, normalizer, *seed)?;
+        total += l.total.clone().into_scalar::<f32>() as f64;
+        for (k, v) in l.terms {
+            match terms.iter_mut().find(|(n, _)| *n == k) {
+                Some((_, s)) => *s += v,
+                None => terms.push((k, v)),
+            }
+        }
+        let grads = GradientsParams::from_grads(l.total.backward(), model);
+        acc.accumulate(model, grads);
+    }
+    Ok((acc.grads(), total, terms))
+}
+
+/// What the run is: files to copy into checkpoints and how to name the base model.
+#[derive(Debug, Clone, Default)]
+pub struct RunInfo {
+    /// LoRA settings (LoRA mode).
+    pub lora: Option<LoraConfig>,
+    /// `base_model_name_or_path` written into adapter configs.
+    pub base_model: String,
+    /// Tokenizer files copied into every checkpoint.
+    pub tokenizer_dir: Option<PathBuf>,
+    /// The pad id used to collate batches.
+    pub pad_id: u32,
+}
+
+/// How a finished run went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSummary {
+    /// Optimizer steps done (including skipped ones).
+    pub global_step: usize,
+    /// Steps skipped for non-finite values.
+    pub skipped_steps: usize,
+    /// Checkpoints written by this run.
+    pub checkpoints: Vec<PathBuf>,
+    /// The last logged loss.
+    pub last_loss: Option<f64>,
+}
+
+/// Loads the weights of a checkpoint into `model` (adapters and projection in LoRA mode, the
+/// whole model in full mode).
+pub fn load_checkpoint_weights(
+    model: TrainModel,
+    dir: &Path,
+    mode: TrainMode,
+    device: &Device,
+) -> Result<TrainModel> {
+    let llama = match mode {
+        TrainMode::Lora => model.llama.load_adapter(dir)?.0,
+        TrainMode::Full => Llama::load(dir, device)?,
+    };
+    let projection = match model.projection {
+        None => None,
+        Some(p) => {
+            let path = dir.join(PROJECTION_FILE);
+            let bytes = std::fs::read(&path).map_err(|e| TrainError::io(&path, e))?;
+            let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+                TrainError::Checkpoint {
+                    path: path.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+            let w = st.tensor("weight").map_err(|e| TrainError::Checkpoint {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            let (ds, dt) = p.dims();
+            let values: Vec<f32> = w
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            Some(HiddenProjection::from_torch_weight(values, dt, ds, device)?)
+        }
+    };
+    Ok(TrainModel { llama, projection })
+}
+
+fn save_model_files(model: &TrainModel, dir: &Path, mode: TrainMode, info: &RunInfo) -> Result<()> {
+    match mode {
+        TrainMode::Lora => {
+            let lora = info.lora.as_ref().ok_or_else(|| {
+                TrainError::Config("LoRA mode needs the LoRA configuration in RunInfo".into())
+            })?;
+            model.llama.save_adapter(dir, lora, &info.base_model)?;
+        }
+        TrainMode::Full => model.llama.save(dir, SaveDType::F32)?,
+    }
+    if let Some(p) = &model.projection {
+        let w = p.proj.weight.val().transpose().into_data();
+        kd_model::write_safetensors(
+            &dir.join(PROJECTION_FILE),
+            &[("weight".to_string(), w)],
+            SaveDType::F32,
+        )?;
+    }
+    if let Some(tok) = &info.tokenizer_dir {
+        kd_model::copy_tokenizer_files(tok, dir)?;
+    }
+    Ok(())
+}
+
+/// Whether every parameter of the model is finite (checked before saving).
+fn all_finite(model: &TrainModel) -> bool {
+    struct V(bool);
+    impl burn::module::ModuleVisitor for V {
+        fn visit_float<const D: usize>(&mut self, p: &burn::module::Param<Tensor<D>>) {
+            if self.0 {
+                let bad: i64 = p.val().is_finite().bool_not().int().sum().into_scalar();
+                self.0 = bad == 0;
+            }
+        }
+    }
+    let mut v = V(true);
+    model.visit(&mut v);
+    v.0
+}
+
+/// Trains `model` on `examples` with `loss_fn`. Returns the trained model (without autodiff)
+/// and a summary. With `resume_from_checkpoint` set, weights, optimizer state and data
+/// position come from that checkpoint and the run continues exactly.
+pub fn train(
+    config: &TrainConfig,
+    info: &RunInfo,
+    model: TrainModel,
+    examples: &[Example],
+    loss_fn: &dyn StepLossFn,
+    observer: &mut dyn TrainObserver,
+) -> Result<(TrainModel, TrainSummary)> {
+    config.validate()?;
+    if examples.is_empty() {
+        return Err(TrainError::Config("no training examples".into()));
+    }
+    let out = &config.output_dir;
+    std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
+    let device = model.llama.embed_tokens.weight.device();
+
+    let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
+    let batch_opts = BatchOptions {
+        batch_size: config.train_batch_size * config.data_parallel,
+        bucket_by_length: config.group_by_length,
+        shuffle: true,
+        seed: config.seed,
+        ..BatchOptions::default()
+    };
+    let per_step = config.gradient_accumulation_steps;
+    let micro_per_epoch = plan_batches(&lengths, &batch_opts, 0).len();
+    let steps_per_epoch = micro_per_epoch.div_ceil(per_step);
+    let total_steps = config
+        .max_steps
+        .unwrap_or(steps_per_epoch * config.num_epochs);
+    let warmup = config.warmup(total_steps);
+    let fingerprint = json!({
+        "seed": config.seed,
+        "train_batch_size": config.train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "data_parallel": config.data_parallel,
+        "learning_rate": config.learning_rate,
+        "scheduler_type": config.scheduler_type,
+        "total_steps": total_steps,
+        "warmup_steps": warmup,
+        "examples": examples.len(),
+        "mode": config.mode,
+    });
+
+    // Resume.
+    let mut model = model;
+    let mut optimizer = AdamW::default();
+    let mut state = TrainingState {
+        global_step: 0,
+        epoch: 0,
+        next_micro_batch: 0,
+        total_steps,
+        optimizer_steps: 0,
+        consecutive_nonfinite: 0,
+        skipped_steps: 0,
+        fingerprint: fingerprint.clone(),
+    };
+    let mut history = TrainerState::default();
+    if let Some(spec) = &config.resume_from_checkpoint {
+        let dir = resolve_resume(out, spec)?;
+        let saved = read_state(&dir)?;
+        if saved.fingerprint != fingerprint {
+            let mut diffs = Vec::new();
+            if let (Some(a), Some(b)) = (saved.fingerprint.as_object(), fingerprint.as_object()) {
+                for (k, v) in b {
+                    if a.get(k) != Some(v) {
+                        diffs.push(format!(
+                            "{k}: checkpoint {} vs now {v}",
+                            a.get(k).cloned().unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+            return Err(TrainError::Checkpoint {
+                path: dir,
+                message: format!(
+                    "the run's settings differ from the checkpoint's: {}",
+                    diffs.join("; ")
+                ),
+            });
+        }
+        model = load_checkpoint_weights(model, &dir, config.mode, &device)?;
+        optimizer = AdamW::load(
+            &dir.join(TRAINING_STATE_DIR).join(OPTIMIZER_FILE),
+            saved.optimizer_steps,
+            &device,
+        )?;
+        if let Ok(text) = std::fs::read_to_string(dir.join(TRAINER_STATE_FILE)) {
+            history = serde_json::from_str(&text).unwrap_or_default();
+        }
+        tracing::info!(checkpoint = %dir.display(), step = saved.global_step, "resuming");
+        state = saved;
+    }
+    history.max_steps = total_steps;
+    history.logging_steps = config.logging_steps;
+    history.save_steps = config.save_steps;
+    history.train_batch_size = config.train_batch_size;
+
+    let mut text_log = TextLog::open(out)?;
+    let mut tb = TensorBoard::create(&out.join("runs"))?;
+    let effective = config.effective_batch_size();
+    let header = format!(
+        "# {} run: {} examples, {} steps ({} per epoch), effective batch {} = {} device(s) × {} × {} accumulation, warmup {} steps{}",
+        match config.mode {
+            TrainMode::Lora => "LoRA",
+            TrainMode::Full => "full fine-tuning",
+        },
+        examples.len(),
+        total_steps,
+        steps_per_epoch,
+        effective,
+        config.data_parallel,
+        config.train_batch_size,
+        config.gradient_accumulation_steps,
+        warmup,
+        if state.global_step > 0 {
+            format!(", resumed at step {}", state.global_step)
+        } else {
+            String::new()
+        }
+    );
+    text_log.line(&header)?;
+    tracing::info!("{header}");
+    if let Some(lora) = &info.lora
+        && config.mode == TrainMode::Lora
+    {
+        let report = model.llama.parameter_report();
+        text_log.line(&format!("# {report}"))?;
+        let _ = lora;
+    }
+
+    let mut model = TrainModel {
+        llama: model.llama.train(),
+        projection: model.projection.map(Module::train),
+    };
+    let params = AdamWParams {
+        beta1: config.adam_beta1,
+        beta2: config.adam_beta2,
+        eps: config.adam_epsilon,
+        weight_decay: config.weight_decay,
+    };
+    observer.on_start(state.global_step, total_steps);
+    let started = Instant::now();
+    let mut window = (
+        0usize,
+        0.0f64,
+        Vec::<(&'static str, f64)>::new(),
+        0usize,
+        Instant::now(),
+    );
+    let mut summary = TrainSummary {
+        global_step: state.global_step,
+        skipped_steps: state.skipped_steps,
+        checkpoints: Vec::new(),
+        last_loss: None,
+    };
+    let mut plan = plan_batches(&lengths, &batch_opts, state.epoch as u64);
+
+    while state.global_step < total_steps {
+        if state.next_micro_batch >= plan.len() {
+            state.epoch += 1;
+            state.next_micro_batch = 0;
+            plan = plan_batches(&lengths, &batch_opts, state.epoch as u64);
+        }
+        let step = state.global_step;
+        let end = (state.next_micro_batch + per_step).min(plan.len());
+        // Each planned micro-batch holds data_parallel × train_batch_size rows; shard it.
+        let mut micro: Vec<Batch> = Vec::new();
+        for rows in &plan[state.next_micro_batch..end] {
+            for shard in shard_rows(rows, config.data_parallel) {
+                if !shard.is_empty() {
+                    micro.push(collate(examples, &shard, info.pad_id, usize::MAX));
+                }
+            }
+        }
+        let tokens: usize = micro.iter().map(Batch::label_tokens).sum();
+        let seeds: Vec<u64> = (0..micro.len())
+            .map(|k| derive_seed(config.seed, &[step as u64, k as u64]))
+            .collect();
+        let lr = learning_rate(
+            config.scheduler_type,
+            config.learning_rate,
+            step,
+            warmup,
+            total_steps,
+        );
+        let (finite, loss_value, terms, norm) = if tokens == 0 {
+            tracing::warn!(
+                step,
+                "no label tokens in this step's batches; skipping the update"
+            );
+            (true, 0.0, Vec::new(), 0.0)
+        } else {
+            let (grads, loss_value, terms) =
+                step_gradients(&model, &micro, tokens as f32, loss_fn, &seeds)?;
+            let norm = global_grad_norm(&model, &grads);
+            let finite = loss_value.is_finite() && norm.is_finite();
+            if finite {
+                let coef = clip_coefficient(norm, config.max_grad_norm);
+                model = optimizer.step(model, &grads, params, lr, coef);
+            }
+            (finite, loss_value, terms, norm)
+        };
+        state.global_step += 1;
+        state.next_micro_batch = end;
+        state.optimizer_steps = optimizer.steps;
+        if finite {
+            state.consecutive_nonfinite = 0;
+        } else {
+            state.consecutive_nonfinite += 1;
+            state.skipped_steps += 1;
+            observer.on_skipped_step(state.global_step);
+            tracing::warn!(
+                step = state.global_step,
+                "non-finite loss or gradient: step skipped"
+            );
+            if state.consecutive_nonfinite >= config.max_consecutive_nonfinite {
+                return Err(TrainError::NonFinite {
+                    count: state.consecutive_nonfinite,
+                    step: state.global_step,
+                });
+            }
+        }
+        observer.on_step(state.global_step, loss_value);
+
+        // Metrics.
+        if finite {
+            window.0 += 1;
+            window.1 += loss_value;
+            for (k, v) in terms {
+                match window.2.iter_mut().find(|(n, _)| *n == k) {
+                    Some((_, s)) => *s += v,
+                    None => window.2.push((k, v)),
+                }
+            }
+        }
+        window.3 += tokens;
+        let epoch_f = state.epoch as f64 + state.next_micro_batch as f64 / plan.len().max(1) as f64;
+        if state.global_step.is_multiple_of(config.logging_steps)
+            || state.global_step == total_steps
+        {
+            let n = window.0.max(1) as f64;
+            let secs = window.4.elapsed().as_secs_f64();
+            let record = LogRecord {
+                step: state.global_step,
+                epoch: epoch_f,
+                loss: window.1 / n,
+                terms: window
+                    .2
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v / n))
+                    .collect(),
+                learning_rate: lr,
+                grad_norm: norm,
+                tokens_per_second: window.3 as f64 / secs.max(1e-9),
+                elapsed_seconds: started.elapsed().as_secs_f64(),
+            };
+            text_log.line(&record.line(total_steps))?;
+            tb.scalar("train/loss", record.loss, record.step)?;
+            for (k, v) in &record.terms {
+                tb.scalar(&format!("train/{k}"), *v, record.step)?;
+            }
+            tb.scalar("train/lr", record.learning_rate, record.step)?;
+            tb.scalar("train/grad_norm", record.grad_norm, record.step)?;
+            tb.scalar(
+                "train/tokens_per_second",
+                record.tokens_per_second,
+                record.step,
+            )?;
+            summary.last_loss = Some(record.loss);
+            observer.on_log(&record);
+            history.log_history.push(record);
+            window = (0, 0.0, Vec::new(), 0, Instant::now());
+        }
+        history.global_step = state.global_step;
+        history.epoch = epoch_f;
+
+        // Checkpoints.
+        let epoch_done = state.next_micro_batch >= plan.len();
+        let mut names = Vec::new();
+        let last = state.global_step == total_steps;
+        let periodic = config.save_steps > 0 && state.global_step.is_multiple_of(config.save_steps);
+        // The last step always leaves a checkpoint (an epoch checkpoint when it ends an epoch).
+        if periodic || (last && !(config.save_epoch_checkpoints && epoch_done)) {
+            names.push(format!("checkpoint-{}", state.global_step));
+        }
+        if config.save_epoch_checkpoints && epoch_done {
+            names.push(format!("checkpoint-epoch-{}", state.epoch));
+        }
+        if !names.is_empty() {
+            if !all_finite(&model) {
+                return Err(TrainError::NonFinite {
+                    count: state.consecutive_nonfinite.max(1),
+                    step: state.global_step,
+                });
+            }
+            for name in names {
+                let path = write_checkpoint(out, &name, |dir| {
+                    save_model_files(&model, dir, config.mode, info)?;
+                    let ts = dir.join(TRAINING_STATE_DIR);
+                    std::fs::create_dir_all(&ts).map_err(|e| TrainError::io(&ts, e))?;
+                    optimizer.save(&ts.join(OPTIMIZER_FILE))?;
+                    let s = serde_json::to_string_pretty(&state).expect("state serialises");
+                    std::fs::write(ts.join(STATE_FILE), s).map_err(|e| TrainError::io(&ts, e))?;
+                    let h = serde_json::to_string_pretty(&history).expect("history serialises");
+                    std::fs::write(dir.join(TRAINER_STATE_FILE), h)
+                        .map_err(|e| TrainError::io(dir, e))?;
+                    Ok(())
+                })?;
+                observer.on_checkpoint(&path);
+                summary.checkpoints.push(path);
+            }
+            if let Some(limit) = config.save_total_limit {
+                prune(out, limit)?;
+            }
+        }
+    }
+    summary.global_step = state.global_step;
+    summary.skipped_steps = state.skipped_steps;
+    let model = TrainModel {
+        llama: model.llama.valid(),
+        projection: model.projection.map(|p| p.valid()),
+    };
+    Ok((model, summary))
+}
