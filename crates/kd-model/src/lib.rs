@@ -35,6 +35,7 @@ mod error;
 mod lora;
 mod model;
 mod rope;
+mod skinny;
 mod weights;
 
 use std::path::Path;
@@ -48,7 +49,7 @@ pub use device::{parse_device, parse_device_list};
 pub use error::{ModelError, Result};
 pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};
 pub use lora::{ParameterReport, TOKENIZER_FILES, copy_tokenizer_files};
-pub use model::{Attention, DecoderLayer, Llama, Mlp, ModelOutput};
+pub use model::{Attention, DecoderLayer, Llama, LmHead, Mlp, ModelOutput};
 pub use rope::{Rope, apply_rotary};
 pub use weights::{
     ComputeDType, INDEX_FILE, SINGLE_FILE, SaveDType, expected_tensors, write_atomic,

@@ -6,7 +6,7 @@
 //! `[out, in]`: the loader transposes once.
 
 use burn::module::Module;
-use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::nn::{Embedding, RmsNorm};
 use burn::tensor::activation::silu;
 use burn::tensor::module::{attention, linear};
 use burn::tensor::ops::AttentionModuleOptions;
@@ -18,6 +18,7 @@ use crate::cache::KvCache;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::rope::{Rope, apply_rotary};
+use crate::skinny;
 
 /// Grouped-query self-attention (`self_attn`).
 #[derive(Module, Debug)]
@@ -187,7 +188,7 @@ pub struct Llama {
     /// Final norm (`model.norm`).
     pub norm: RmsNorm,
     /// The LM head (`lm_head`), absent when tied to the embedding.
-    pub lm_head: Option<Linear>,
+    pub lm_head: Option<LmHead>,
     #[module(skip)]
     config: LlamaConfig,
     #[module(skip)]
@@ -195,12 +196,69 @@ pub struct Llama {
 }
 
 impl Llama {
+    /// A randomly initialised model (transformers' init: normal(0, 0.02) weights, unit norms),
+    /// drawn from the device's generator: benchmarks and tests without checkpoints.
+    pub fn random(config: &LlamaConfig, device: &burn::tensor::Device) -> Self {
+        use burn::nn::{EmbeddingConfig, Initializer, LinearConfig, RmsNormConfig};
+        let init = Initializer::Normal {
+            mean: 0.0,
+            std: 0.02,
+        };
+        let linear = |i: usize, o: usize, bias: bool| {
+            LoraLinear::new(
+                LinearConfig::new(i, o)
+                    .with_bias(bias)
+                    .with_initializer(init.clone())
+                    .init(device),
+            )
+        };
+        let norm = || {
+            RmsNormConfig::new(config.hidden_size)
+                .with_epsilon(config.rms_norm_eps)
+                .init(device)
+        };
+        let (d, q, kv, i) = (
+            config.hidden_size,
+            config.num_attention_heads * config.head_dim,
+            config.num_key_value_heads * config.head_dim,
+            config.intermediate_size,
+        );
+        let (ab, mb) = (config.attention_bias, config.mlp_bias);
+        let layers = (0..config.num_hidden_layers)
+            .map(|_| DecoderLayer {
+                input_layernorm: norm(),
+                self_attn: Self::attention_from_parts(
+                    config,
+                    [
+                        linear(d, q, ab),
+                        linear(d, kv, ab),
+                        linear(d, kv, ab),
+                        linear(q, d, ab),
+                    ],
+                ),
+                post_attention_layernorm: norm(),
+                mlp: Mlp {
+                    gate_proj: linear(d, i, mb),
+                    up_proj: linear(d, i, mb),
+                    down_proj: linear(i, d, mb),
+                },
+            })
+            .collect();
+        let embed_tokens = EmbeddingConfig::new(config.vocab_size, d)
+            .with_initializer(init.clone())
+            .init(device);
+        let lm_head = (!config.tie_word_embeddings).then(|| LmHead {
+            weight: init.init([config.vocab_size, d], device),
+        });
+        Self::from_parts(config.clone(), embed_tokens, layers, norm(), lm_head)
+    }
+
     pub(crate) fn from_parts(
         config: LlamaConfig,
         embed_tokens: Embedding,
         layers: Vec<DecoderLayer>,
         norm: RmsNorm,
-        lm_head: Option<Linear>,
+        lm_head: Option<LmHead>,
     ) -> Self {
         let rope = Rope::new(&config);
         Self {
@@ -405,11 +463,28 @@ impl Llama {
 
     /// Applies the LM head (or the tied embedding) to hidden states `[batch, seq, hidden]`.
     pub fn lm_head_forward(&self, x: Tensor<3>) -> Tensor<3> {
-        match &self.lm_head {
-            Some(head) => head.forward(x),
-            None => linear(x, self.embed_tokens.weight.val().transpose(), None),
+        let weight = match &self.lm_head {
+            Some(head) => head.weight.val(),
+            None => self.embed_tokens.weight.val(),
+        };
+        let [b, s, d] = x.dims();
+        // Decoding: a few rows against the vocabulary matrix; a general GEMM would repack the
+        // whole matrix on every call.
+        let flat = x.clone().reshape([b * s, d]);
+        if skinny::applies(&flat, &weight) {
+            let y = skinny::skinny_matmul_t(flat, weight);
+            let v = y.dims()[1];
+            return y.reshape([b, s, v]);
         }
+        linear(x, weight.transpose(), None)
     }
+}
+
+/// The untied LM head, stored as checkpoints store it: `[vocab, hidden]`.
+#[derive(Module, Debug)]
+pub struct LmHead {
+    /// `lm_head.weight`, `[vocab, hidden]`.
+    pub weight: burn::module::Param<Tensor<2>>,
 }
 
 /// The boolean mask `[batch, 1, seq, past + seq]` (`true` = masked): a query sees the real

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::model::{DecoderLayer, Llama, Mlp};
+use crate::model::{DecoderLayer, Llama, LmHead, Mlp};
 use kd_lora::LoraLinear;
 
 /// File name of a single-file checkpoint.
@@ -342,7 +342,9 @@ pub(crate) fn load(
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(linear("lm_head", false)?.base)
+        Some(LmHead {
+            weight: Param::from_tensor(tensor("lm_head.weight", false)?),
+        })
     };
     let _ = &ck.dir;
     Ok(Llama::from_parts(
@@ -404,7 +406,7 @@ pub(crate) fn named_tensors(model: &Llama) -> Vec<(String, TensorData)> {
         model.norm.gamma.val().into_data(),
     );
     if let Some(head) = &model.lm_head {
-        linear(&mut put, "lm_head", head);
+        put("lm_head.weight".into(), head.weight.val().into_data());
     }
     out
 }

@@ -1,0 +1,133 @@
+//! LoRA train-step throughput on the bench model (`reference/benchmarks.md`: bench-155m,
+//! batch 4 × seq 256 random ids, LoRA r16 α32 dropout 0 on q,k,v,o,gate,up,down, AdamW lr
+//! 2e-4 wd 0.01, clip 1.0; 3 warm-up + 10 timed steps), in tokens/s and peak RSS, beside the
+//! same step in PyTorch + PEFT (`benches/train_step_pytorch.py`) run in the same process tree.
+//!
+//! `cargo run --release -p kd-benches --bin train_step -- --python <venv>/bin/python`
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use clap::Parser;
+use kd_benches::proc_status_bytes;
+use kd_data::Batch;
+use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
+use kd_train::{
+    AdamW, AdamWParams, CausalLmLoss, StepLossFn, TrainModel, clip_coefficient, global_grad_norm,
+};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Rows per step.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Tokens per row.
+    #[arg(long, default_value_t = 256)]
+    seq: usize,
+    /// Untimed steps.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed steps.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Python with torch + transformers + peft for the PyTorch column.
+    #[arg(long)]
+    python: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let device = parse_device("cpu")?;
+    device.seed(0);
+    let config = LlamaConfig::bench_155m();
+    let lora = LoraConfig {
+        r: 16,
+        alpha: 32.0,
+        dropout: 0.0,
+        ..LoraConfig::default()
+    };
+    let llama = Llama::random(&config, &device).apply_lora_seeded(&lora, 0)?;
+    println!(
+        "bench-155m: {} parameters; {}",
+        config.num_parameters(),
+        llama.parameter_report()
+    );
+    let mut model = TrainModel {
+        llama: llama.train(),
+        projection: None,
+    };
+    let (b, s) = (args.batch, args.seq);
+    let mut state = 0x2545_F491u64;
+    let ids: Vec<u32> = (0..b * s)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % config.vocab_size as u64) as u32
+        })
+        .collect();
+    let batch = Batch {
+        batch_size: b,
+        seq_len: s,
+        input_ids: ids.clone(),
+        attention_mask: vec![true; b * s],
+        labels: ids.iter().map(|t| *t as i64).collect(),
+        position_ids: (0..b).flat_map(|_| 0..s as i64).collect(),
+        sequence_ids: vec![1; b * s],
+        examples: (0..b).map(|i| vec![i]).collect(),
+    };
+    let n = batch.label_tokens() as f32;
+    let loss_fn = CausalLmLoss { weight: 1.0 };
+    let params = AdamWParams {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let mut opt = AdamW::default();
+    let mut times = Vec::new();
+    let mut last_loss = 0.0;
+    for i in 0..args.warmup + args.steps {
+        let t = Instant::now();
+        let l = loss_fn.loss(&model, &batch, n, i as u64)?;
+        last_loss = l.total.clone().into_scalar::<f32>();
+        let grads = GradientsParams::from_grads(l.total.backward(), &model);
+        let norm = global_grad_norm(&model, &grads);
+        model = opt.step(model, &grads, params, 2e-4, clip_coefficient(norm, 1.0));
+        if i >= args.warmup {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let tokens = (b * s) as f64;
+    let peak = proc_status_bytes("VmHWM").unwrap_or(0) as f64 / 1e9;
+    println!(
+        "ours:    median step {:.3} s, {:.1} tokens/s, peak RSS {:.2} GB, loss {:.4}",
+        median,
+        tokens / median,
+        peak,
+        last_loss
+    );
+    if let Some(py) = args.python {
+        let status = Command::new(py)
+            .arg("benches/train_step_pytorch.py")
+            .args(["--batch", &b.to_string(), "--seq", &s.to_string()])
+            .args([
+                "--warmup",
+                &args.warmup.to_string(),
+                "--steps",
+                &args.steps.to_string(),
+            ])
+            .env("OMP_WAIT_POLICY", "PASSIVE")
+            .status()?;
+        if !status.success() {
+            bail!("the PyTorch script failed");
+        }
+    }
+    Ok(())
+}

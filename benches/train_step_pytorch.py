@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""PyTorch + PEFT side of the LoRA train-step benchmark (reference/benchmarks.md): bench-155m
+(vocab 128256, hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1408, theta 500000,
+untied, eps 1e-5), random init, batch 4 x seq 256 random ids (labels = ids), LoRA r16 alpha32
+dropout 0 on q,k,v,o,gate,up,down, AdamW lr 2e-4 wd 0.01 eps 1e-8, clip 1.0; 3 warm-up + 10
+timed steps; prints the median step, tokens/s and peak RSS.
+
+Usage: OMP_WAIT_POLICY=PASSIVE python benches/train_step_pytorch.py [--threads 2]
+"""
+import argparse
+import statistics
+import time
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch", type=int, default=4)
+p.add_argument("--seq", type=int, default=256)
+p.add_argument("--warmup", type=int, default=3)
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--threads", type=int, default=2)
+args = p.parse_args()
+torch.set_num_threads(args.threads)
+torch.manual_seed(0)
+config = LlamaConfig(
+    vocab_size=128256, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+    num_attention_heads=8, num_key_value_heads=4, rope_theta=500000.0,
+    max_position_embeddings=2048, tie_word_embeddings=False, rms_norm_eps=1e-5,
+)
+model = LlamaForCausalLM(config)
+model = get_peft_model(model, LoraConfig(
+    r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+))
+model.train()
+opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4, weight_decay=0.01, eps=1e-8)
+ids = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+times = []
+for i in range(args.warmup + args.steps):
+    t = time.perf_counter()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if i >= args.warmup:
+        times.append(time.perf_counter() - t)
+median = statistics.median(times)
+with open("/proc/self/status") as f:
+    hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) * 1024
+print(f"pytorch: median step {median:.3f} s, {args.batch * args.seq / median:.1f} tokens/s, "
+      f"peak RSS {hwm / 1e9:.2f} GB, loss {loss.item():.4f} (torch {torch.__version__})")

@@ -1,0 +1,220 @@
+//! A matmul for few rows against the vocabulary matrix (decoding: `[batch, hidden] ·
+//! [vocab, hidden]ᵀ`) on the CPU backend. A general GEMM packs the whole right-hand matrix on
+//! every call, which for a handful of rows costs more than the product; this kernel streams
+//! the matrix once, row by row (dot products with lane accumulators), blocks in parallel.
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Backend, Flex, backend_extension};
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+/// At most this many rows take the skinny path.
+pub const MAX_ROWS: usize = 32;
+const BLOCK: usize = 512;
+
+/// The skinny matmul as a backend extension (CPU backend only).
+#[backend_extension(Flex)]
+pub trait SkinnyMatmulBackend: Backend {
+    /// `x [rows, k] · eᵀ` with `e [n, k]` (a tied embedding used as the LM head).
+    fn skinny_matmul_t(x: FloatTensor<Self>, e: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+#[inline(always)]
+fn dot(x: &[f32], e: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (xc, ec) = (x.chunks_exact(8), e.chunks_exact(8));
+    let (xt, et) = (xc.remainder(), ec.remainder());
+    for (xa, ea) in xc.zip(ec) {
+        let xa: &[f32; 8] = xa.try_into().expect("8 lanes");
+        let ea: &[f32; 8] = ea.try_into().expect("8 lanes");
+        for l in 0..8 {
+            lanes[l] += xa[l] * ea[l];
+        }
+    }
+    let mut sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for (a, b) in xt.iter().zip(et) {
+        sum += a * b;
+    }
+    sum
+}
+
+#[inline(always)]
+fn dot_rows(x: &[f32], e: &[f32], k: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+    let rows = x.len() / k;
+    for j in 0..nb {
+        let erow = &e[(j0 + j) * k..(j0 + j + 1) * k];
+        for r in 0..rows {
+            acc[r * nb + j] = dot(&x[r * k..(r + 1) * k], erow);
+        }
+    }
+}
+
+/// The same with AVX2/FMA intrinsics: rows in groups of four with register accumulators,
+/// each matrix row loaded once per group.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn dot_rows_avx2(x: &[f32], e: &[f32], k: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let rows = x.len() / k;
+    let full = k / 8 * 8;
+    let hsum = |v: __m256| -> f32 {
+        let mut l = [0f32; 8];
+        // SAFETY: `l` holds 8 floats.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+        ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+    };
+    for j in 0..nb {
+        let erow = &e[(j0 + j) * k..(j0 + j + 1) * k];
+        let mut r0 = 0;
+        while r0 < rows {
+            let g = (rows - r0).min(4);
+            // Rows past the group's end alias the last real row; their sums are discarded.
+            let xr = |q: usize| &x[(r0 + q.min(g - 1)) * k..(r0 + q.min(g - 1) + 1) * k];
+            let (x0, x1, x2, x3) = (xr(0), xr(1), xr(2), xr(3));
+            let (mut s0, mut s1, mut s2, mut s3) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            let mut i = 0;
+            while i < full {
+                // SAFETY: i + 8 <= full <= k, the length of every slice read.
+                unsafe {
+                    let ev = _mm256_loadu_ps(erow.as_ptr().add(i));
+                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0.as_ptr().add(i)), ev, s0);
+                    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1.as_ptr().add(i)), ev, s1);
+                    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x2.as_ptr().add(i)), ev, s2);
+                    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x3.as_ptr().add(i)), ev, s3);
+                }
+                i += 8;
+            }
+            for (q, (s, xq)) in [(s0, x0), (s1, x1), (s2, x2), (s3, x3)]
+                .into_iter()
+                .enumerate()
+                .take(g)
+            {
+                let mut sum = hsum(s);
+                for t in full..k {
+                    sum += xq[t] * erow[t];
+                }
+                acc[(r0 + q) * nb + j] = sum;
+            }
+            r0 += g;
+        }
+    }
+}
+
+/// `x [rows, k] · eᵀ` with `e [n, k]`, on host slices.
+pub fn skinny_matmul_t_host(x: &[f32], e: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
+    let blocks: Vec<usize> = (0..n).step_by(BLOCK).collect();
+    let parts: Vec<Vec<f32>> = blocks
+        .par_iter()
+        .map(|&j0| {
+            let nb = BLOCK.min(n - j0);
+            let mut acc = vec![0f32; rows * nb];
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU supports the features the function was compiled for.
+                unsafe { dot_rows_avx2(x, e, k, j0, nb, &mut acc) };
+                return acc;
+            }
+            dot_rows(x, e, k, j0, nb, &mut acc);
+            acc
+        })
+        .collect();
+    let mut out = vec![0f32; rows * n];
+    for (&j0, part) in blocks.iter().zip(&parts) {
+        let nb = part.len() / rows;
+        for r in 0..rows {
+            out[r * n + j0..r * n + j0 + nb].copy_from_slice(&part[r * nb..(r + 1) * nb]);
+        }
+    }
+    out
+}
+
+fn f32_contiguous(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    let n = t.layout().num_elements();
+    if t.dtype() == DType::F32 && t.is_contiguous() && t.layout().start_offset() == 0 {
+        std::borrow::Cow::Borrowed(&t.storage::<f32>()[..n])
+    } else {
+        std::borrow::Cow::Owned(
+            t.clone()
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec_as::<f32>()
+                .expect("f32"),
+        )
+    }
+}
+
+impl SkinnyMatmulBackend for Flex {
+    fn skinny_matmul_t(x: FlexTensor, e: FlexTensor) -> FlexTensor {
+        let xs = x.layout().shape().to_vec();
+        let es = e.layout().shape().to_vec();
+        let (rows, k, n) = (xs[0], xs[1], es[0]);
+        let out = skinny_matmul_t_host(&f32_contiguous(&x), &f32_contiguous(&e), rows, k, n);
+        FlexTensor::from_data(TensorData::new(out, [rows, n]))
+    }
+}
+
+/// Whether `x · w` should take the skinny path: few rows, plain (non-autodiff) f32 tensors on
+/// the CPU backend, and a contiguous weight.
+pub fn applies(x: &Tensor<2>, w: &Tensor<2>) -> bool {
+    let [rows, _] = x.dims();
+    rows <= MAX_ROWS
+        && !x.is_autodiff()
+        && !w.is_autodiff()
+        && x.dtype() == DType::F32
+        && w.dtype() == DType::F32
+        && x.device() == burn::tensor::Device::flex()
+}
+
+/// `x [rows, k] · eᵀ` (`e [n, k]`) through the extension.
+pub fn skinny_matmul_t(x: Tensor<2>, e: Tensor<2>) -> Tensor<2> {
+    Tensor::from_dispatch(
+        <burn::backend::Dispatch as SkinnyMatmulBackend>::skinny_matmul_t(
+            x.into_dispatch(),
+            e.into_dispatch(),
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equals_plain_matmul() {
+        let device = burn::tensor::Device::flex();
+        for (rows, k, n) in [(1, 5, 7), (8, 64, 1000), (3, 33, 513)] {
+            let x = Tensor::<2>::random(
+                [rows, k],
+                burn::tensor::Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let w = Tensor::<2>::random(
+                [k, n],
+                burn::tensor::Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let b: Vec<f32> = x
+                .clone()
+                .matmul(w.clone())
+                .into_data()
+                .try_into_vec_as()
+                .unwrap();
+            let e = Tensor::<2>::from_data(w.clone().transpose().into_data(), &device);
+            let c: Vec<f32> = skinny_matmul_t(x, e).into_data().try_into_vec_as().unwrap();
+            let d = c
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+            assert!(d < 1e-4, "transposed [{rows}, {k}, {n}]: {d}");
+        }
+    }
+}

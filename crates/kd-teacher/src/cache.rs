@@ -1,0 +1,279 @@
+//! The on-disk teacher cache: completions in JSONL shards, each written atomically, under a
+//! manifest keyed by what determines them (teacher files, chat template, sampling parameters,
+//! prompts). A run killed midway resumes at the first missing shard, so no prompt is lost or
+//! generated twice; a cache made with other settings is refused with the differences.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Result, TeacherError};
+use crate::local::{Prompt, Teacher};
+use crate::types::{Generation, SamplingParams};
+
+/// The manifest file of a cache directory.
+pub const MANIFEST: &str = "manifest.json";
+
+/// What determines a cache's contents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheManifest {
+    /// Format version.
+    pub version: u32,
+    /// The teacher (see [`model_fingerprint`]).
+    pub teacher: String,
+    /// SHA-256 of the chat template source (or of "none").
+    pub template: String,
+    /// The sampling parameters.
+    pub sampling: SamplingParams,
+    /// SHA-256 of every prompt's ids, in order.
+    pub prompts: String,
+    /// Number of prompts.
+    pub count: usize,
+    /// Prompts per shard.
+    pub shard_size: usize,
+}
+
+fn sha256_hex(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of the prompts' ids.
+pub fn prompts_hash(prompts: &[Prompt]) -> String {
+    let mut h = Sha256::new();
+    for p in prompts {
+        h.update(p.index.to_le_bytes());
+        h.update((p.ids.len() as u64).to_le_bytes());
+        for t in &p.ids {
+            h.update(t.to_le_bytes());
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of a chat template source.
+pub fn template_hash(source: Option<&str>) -> String {
+    sha256_hex(&[source.unwrap_or("none").as_bytes()])
+}
+
+/// A fingerprint of a Hugging Face model directory without reading all its weights:
+/// `config.json`, and for every safetensors file its name, size and the hashes of its first
+/// and last MiB.
+pub fn model_fingerprint(dir: &Path) -> Result<String> {
+    let mut parts: Vec<Vec<u8>> = Vec::new();
+    let cfg = dir.join("config.json");
+    parts.push(std::fs::read(&cfg).map_err(|e| TeacherError::io(&cfg, e))?);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| TeacherError::io(dir, e))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    for f in files {
+        let bytes_len = std::fs::metadata(&f)
+            .map_err(|e| TeacherError::io(&f, e))?
+            .len();
+        let data = std::fs::read(&f).map_err(|e| TeacherError::io(&f, e))?;
+        let mib = 1 << 20;
+        let head = &data[..data.len().min(mib)];
+        let tail = &data[data.len().saturating_sub(mib)..];
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        parts.push(format!("{name}:{bytes_len}").into_bytes());
+        parts.push(sha256_hex(&[head, tail]).into_bytes());
+    }
+    let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    Ok(sha256_hex(&refs))
+}
+
+/// A line of a shard file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Line {
+    index: u64,
+    #[serde(flatten)]
+    generation: Generation,
+}
+
+/// Progress of a cached generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheProgress {
+    /// Shards done (including those found on disk).
+    pub shards_done: usize,
+    /// Shards in all.
+    pub shards: usize,
+    /// Prompts done.
+    pub prompts_done: usize,
+    /// Whether the last shard came from disk.
+    pub reused: bool,
+}
+
+/// A cache directory of completions.
+#[derive(Debug, Clone)]
+pub struct GenerationCache {
+    dir: PathBuf,
+    manifest: CacheManifest,
+}
+
+impl GenerationCache {
+    /// Opens `dir` for `manifest`: creates it, or checks that an existing cache was made with
+    /// the same settings.
+    pub fn open(dir: &Path, manifest: CacheManifest) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| TeacherError::io(dir, e))?;
+        let path = dir.join(MANIFEST);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                let existing: CacheManifest =
+                    serde_json::from_str(&text).map_err(|e| TeacherError::Format {
+                        path: path.clone(),
+                        message: format!("invalid manifest: {e}"),
+                    })?;
+                if existing != manifest {
+                    let a = serde_json::to_value(&existing).expect("serialises");
+                    let b = serde_json::to_value(&manifest).expect("serialises");
+                    let mut diffs = Vec::new();
+                    for (k, v) in b.as_object().expect("object") {
+                        if a.get(k) != Some(v) {
+                            diffs.push(format!(
+                                "{k} (cache {} vs now {v})",
+                                a.get(k).cloned().unwrap_or_default()
+                            ));
+                        }
+                    }
+                    return Err(TeacherError::CacheMismatch {
+                        path: dir.to_path_buf(),
+                        differences: diffs.join(", "),
+                    });
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let text = serde_json::to_string_pretty(&manifest).expect("serialises");
+                write_atomic(&path, text.as_bytes())?;
+            }
+            Err(e) => return Err(TeacherError::io(&path, e)),
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            manifest,
+        })
+    }
+
+    fn shard_path(&self, s: usize) -> PathBuf {
+        self.dir.join(format!("shard-{s:05}.jsonl"))
+    }
+
+    /// Number of shards.
+    pub fn shards(&self) -> usize {
+        self.manifest
+            .count
+            .div_ceil(self.manifest.shard_size.max(1))
+    }
+
+    fn read_shard(&self, s: usize, expected: &[Prompt]) -> Result<Vec<Generation>> {
+        let path = self.shard_path(s);
+        let text = std::fs::read_to_string(&path).map_err(|e| TeacherError::io(&path, e))?;
+        let mut out = Vec::with_capacity(expected.len());
+        for (i, (line, p)) in text.lines().zip(expected).enumerate() {
+            let l: Line = serde_json::from_str(line).map_err(|e| TeacherError::Format {
+                path: path.clone(),
+                message: format!("line {}: {e}", i + 1),
+            })?;
+            if l.index != p.index {
+                return Err(TeacherError::Format {
+                    path: path.clone(),
+                    message: format!(
+                        "line {} holds prompt {} where {} was expected",
+                        i + 1,
+                        l.index,
+                        p.index
+                    ),
+                });
+            }
+            out.push(l.generation);
+        }
+        if out.len() != expected.len() {
+            return Err(TeacherError::Format {
+                path,
+                message: format!(
+                    "{} completions where {} were expected",
+                    out.len(),
+                    expected.len()
+                ),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Completions of every prompt: shards found on disk are read, the others generated by
+    /// `teacher` and written (each atomically) before the next starts.
+    pub fn generate(
+        &self,
+        teacher: &dyn Teacher,
+        prompts: &[Prompt],
+        mut progress: impl FnMut(CacheProgress),
+    ) -> Result<Vec<Generation>> {
+        if prompts.len() != self.manifest.count || prompts_hash(prompts) != self.manifest.prompts {
+            return Err(TeacherError::CacheMismatch {
+                path: self.dir.clone(),
+                differences: "the prompts differ from the manifest's".into(),
+            });
+        }
+        let size = self.manifest.shard_size.max(1);
+        let mut all = Vec::with_capacity(prompts.len());
+        for (s, chunk) in prompts.chunks(size).enumerate() {
+            let path = self.shard_path(s);
+            let reused = path.is_file();
+            let gens = if reused {
+                self.read_shard(s, chunk)?
+            } else {
+                let gens = teacher.generate(chunk, &self.manifest.sampling)?;
+                let mut buf = Vec::new();
+                for (p, g) in chunk.iter().zip(&gens) {
+                    let line = Line {
+                        index: p.index,
+                        generation: g.clone(),
+                    };
+                    serde_json::to_writer(&mut buf, &line).expect("serialises");
+                    buf.push(b'\n');
+                }
+                write_atomic(&path, &buf)?;
+                gens
+            };
+            all.extend(gens);
+            progress(CacheProgress {
+                shards_done: s + 1,
+                shards: self.shards(),
+                prompts_done: all.len(),
+                reused,
+            });
+        }
+        Ok(all)
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    res.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        TeacherError::io(path, e)
+    })
+}

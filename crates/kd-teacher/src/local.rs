@@ -1,0 +1,253 @@
+//! The in-process teacher: a kd-model Llama generating batches with the KV cache (rows finish
+//! independently and leave the batch) and scoring sequences.
+
+use burn::tensor::activation::log_softmax;
+use kd_data::ChatTokenizer;
+use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, TokenBatch};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{Result, TeacherError};
+use crate::sampling::next_token;
+use crate::types::{FinishReason, Generation, SamplingParams, Scores};
+
+/// A prompt with its index in the whole prompt set (the sampling stream derives from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    /// Index in the prompt set.
+    pub index: u64,
+    /// Token ids.
+    pub ids: Vec<u32>,
+}
+
+/// What a teacher does.
+pub trait Teacher {
+    /// Completions of `prompts`, in the same order.
+    fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>>;
+
+    /// Top-`k` log-probabilities at every position of each sequence.
+    fn score(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>>;
+
+    /// A stable description of the teacher (model files, dtype) for cache keys.
+    fn fingerprint(&self) -> String;
+}
+
+/// A Llama in this process.
+pub struct LocalTeacher {
+    model: Llama,
+    tokenizer: Option<ChatTokenizer>,
+    batch_size: usize,
+    fingerprint: String,
+}
+
+impl std::fmt::Debug for LocalTeacher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalTeacher")
+            .field("batch_size", &self.batch_size)
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalTeacher {
+    /// A teacher generating `batch_size` prompts at a time (the seed's default is 32).
+    /// `fingerprint` identifies the weights in cache keys (see [`crate::model_fingerprint`]).
+    pub fn new(model: Llama, batch_size: usize, fingerprint: impl Into<String>) -> Self {
+        Self {
+            model,
+            tokenizer: None,
+            batch_size: batch_size.max(1),
+            fingerprint: fingerprint.into(),
+        }
+    }
+
+    /// Decodes completions to text with this tokenizer.
+    pub fn with_tokenizer(mut self, tokenizer: ChatTokenizer) -> Self {
+        self.tokenizer = Some(tokenizer);
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    fn stop_ids(&self, params: &SamplingParams) -> Vec<u32> {
+        if params.stop_token_ids.is_empty() {
+            self.model.config().eos_token_ids.clone()
+        } else {
+            params.stop_token_ids.clone()
+        }
+    }
+
+    fn generate_batch(
+        &self,
+        prompts: &[&Prompt],
+        params: &SamplingParams,
+    ) -> Result<Vec<Generation>> {
+        let vocab = self.model.config().vocab_size;
+        let stop = self.stop_ids(params);
+        let cfg = self.model.config();
+        // Padding is masked out; any valid id will do.
+        let pad = cfg
+            .pad_token_id
+            .or(cfg.eos_token_ids.first().copied())
+            .filter(|t| (*t as usize) < vocab)
+            .unwrap_or(0);
+        let rows: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+        let mut rngs: Vec<ChaCha8Rng> = prompts
+            .iter()
+            .map(|p| {
+                ChaCha8Rng::seed_from_u64(params.seed ^ p.index.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            })
+            .collect();
+        let mut out: Vec<Generation> = prompts
+            .iter()
+            .map(|_| Generation {
+                ids: Vec::new(),
+                text: None,
+                finish_reason: FinishReason::Length,
+                logprobs: params.return_logprobs.then(Vec::new),
+            })
+            .collect();
+        let mut active: Vec<usize> = (0..prompts.len()).collect();
+        let mut cache = self.model.new_cache();
+        let mut batch = TokenBatch::from_rows(&rows, pad, PaddingSide::Left);
+        let last = ForwardOptions {
+            last_position_only: true,
+            ..ForwardOptions::default()
+        };
+        for _ in 0..params.max_new_tokens {
+            let logits = self
+                .model
+                .forward_cached(&batch, &mut cache, &last)?
+                .logits
+                .expect("requested");
+            let logits: Vec<f32> = logits
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec_as::<f32>()
+                .expect("f32 logits");
+            let mut keep = Vec::with_capacity(active.len());
+            let mut next = Vec::with_capacity(active.len());
+            for (slot, &r) in active.iter().enumerate() {
+                let (tok, lp) = next_token(
+                    &logits[slot * vocab..(slot + 1) * vocab],
+                    params,
+                    &mut rngs[r],
+                );
+                let g = &mut out[r];
+                g.ids.push(tok);
+                if let Some(l) = &mut g.logprobs {
+                    l.push(lp);
+                }
+                if stop.contains(&tok) {
+                    g.finish_reason = FinishReason::Stop;
+                } else if g.ids.len() < params.max_new_tokens {
+                    keep.push(slot);
+                    next.push(tok);
+                }
+            }
+            if keep.is_empty() {
+                break;
+            }
+            if keep.len() < active.len() {
+                cache.retain_rows(&keep)?;
+                active = keep.iter().map(|s| active[*s]).collect();
+            }
+            batch = TokenBatch::new(next.len(), 1, next, vec![true; active.len()])?;
+        }
+        if let Some(tok) = &self.tokenizer {
+            for g in &mut out {
+                g.text = Some(tok.decode(&g.ids, true)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Teacher for LocalTeacher {
+    fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>> {
+        params.validate()?;
+        let vocab = self.model.config().vocab_size as u32;
+        for p in prompts {
+            if p.ids.is_empty() {
+                return Err(TeacherError::Input(format!("prompt {} is empty", p.index)));
+            }
+            if let Some(bad) = p.ids.iter().find(|t| **t >= vocab) {
+                return Err(TeacherError::Input(format!(
+                    "prompt {} holds token {bad}, beyond the teacher's vocabulary of {vocab}: \
+                     teacher and tokenizer do not match",
+                    p.index
+                )));
+            }
+        }
+        // Similar lengths together (less padding); results go back in input order.
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        order.sort_by_key(|i| std::cmp::Reverse(prompts[*i].ids.len()));
+        let mut results: Vec<Option<Generation>> = vec![None; prompts.len()];
+        for chunk in order.chunks(self.batch_size) {
+            let batch: Vec<&Prompt> = chunk.iter().map(|i| &prompts[*i]).collect();
+            for (i, g) in chunk.iter().zip(self.generate_batch(&batch, params)?) {
+                results[*i] = Some(g);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|g| g.expect("every prompt was generated"))
+            .collect())
+    }
+
+    fn score(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>> {
+        let vocab = self.model.config().vocab_size;
+        if k == 0 || k > vocab {
+            return Err(TeacherError::Config(format!(
+                "top-k must lie in 1..={vocab}, got {k}"
+            )));
+        }
+        let mut out = Vec::with_capacity(sequences.len());
+        for chunk in sequences.chunks(self.batch_size) {
+            let batch = TokenBatch::from_rows(chunk, 0, PaddingSide::Right);
+            let s = batch.seq_len();
+            let opts = ForwardOptions {
+                hidden_states: HiddenStates::None,
+                ..ForwardOptions::default()
+            };
+            let logits = self
+                .model
+                .forward(&batch, &opts)?
+                .logits
+                .expect("requested");
+            let (values, indices) = log_softmax(logits, 2).topk_with_indices(k, 2);
+            let values: Vec<f32> = values
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec_as::<f32>()
+                .expect("f32");
+            let indices: Vec<i64> = indices
+                .into_data()
+                .convert::<i64>()
+                .try_into_vec_as::<i64>()
+                .expect("i64");
+            for (r, seq) in chunk.iter().enumerate() {
+                let len = seq.len();
+                let at = |t: usize| (r * s + t) * k;
+                out.push(Scores {
+                    len,
+                    k,
+                    indices: (0..len)
+                        .flat_map(|t| indices[at(t)..at(t) + k].iter().map(|i| *i as u32))
+                        .collect(),
+                    logprobs: (0..len)
+                        .flat_map(|t| values[at(t)..at(t) + k].iter().copied())
+                        .collect(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+}

@@ -1,0 +1,96 @@
+//! What a teacher is asked and what it answers.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TeacherError};
+
+/// How completions are sampled (SGLang/vLLM names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingParams {
+    /// Tokens to generate at most per prompt.
+    pub max_new_tokens: usize,
+    /// 0 = greedy; otherwise logits are divided by it before sampling.
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = all).
+    pub top_p: f32,
+    /// Seed of the sampling; each prompt draws from its own stream derived from (seed,
+    /// prompt index), so results do not depend on batching.
+    pub seed: u64,
+    /// Token ids that end a completion (kept as its last token); the model's eos ids when
+    /// empty.
+    pub stop_token_ids: Vec<u32>,
+    /// Return the log-probability of each generated token.
+    pub return_logprobs: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 256,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            stop_token_ids: Vec::new(),
+            return_logprobs: false,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_new_tokens == 0 {
+            return Err(TeacherError::Config(
+                "`max_new_tokens` must be positive".into(),
+            ));
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(TeacherError::Config("`temperature` must be ≥ 0".into()));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(TeacherError::Config("`top_p` must lie in (0, 1]".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was generated.
+    Stop,
+    /// `max_new_tokens` was reached.
+    Length,
+}
+
+/// One completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Generation {
+    /// Generated ids (the stop token included when one ended the completion).
+    pub ids: Vec<u32>,
+    /// The decoded text (when the teacher has a tokenizer).
+    pub text: Option<String>,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Log-probability of each generated token under the teacher (if asked).
+    pub logprobs: Option<Vec<f32>>,
+}
+
+/// The teacher's view of one sequence: the top-k log-probabilities at every position
+/// (position t predicts token t + 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scores {
+    /// Positions.
+    pub len: usize,
+    /// Entries per position.
+    pub k: usize,
+    /// Vocabulary indices, `[len, k]` row-major, most likely first.
+    pub indices: Vec<u32>,
+    /// Log-probabilities (temperature 1), `[len, k]`.
+    pub logprobs: Vec<f32>,
+}

@@ -1,0 +1,124 @@
+//! The cache: resume after SIGKILL without losing or repeating a prompt; mismatches refused.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kd_teacher::{
+    CacheManifest, GenerationCache, SamplingParams, Teacher, prompts_hash, template_hash,
+};
+
+use crate::{prompts, teacher};
+
+const CHILD_ENV: &str = "KD_TEACHER_CACHE_CHILD_DIR";
+
+fn manifest(n: usize) -> CacheManifest {
+    let t = teacher(4);
+    CacheManifest {
+        version: 1,
+        teacher: t.fingerprint(),
+        template: template_hash(None),
+        sampling: SamplingParams {
+            max_new_tokens: 6,
+            temperature: 0.8,
+            top_k: 40,
+            seed: 9,
+            stop_token_ids: vec![9999],
+            ..SamplingParams::default()
+        },
+        prompts: prompts_hash(&prompts(n)),
+        count: n,
+        shard_size: 4,
+    }
+}
+
+fn run(dir: &Path, slow: bool) -> Vec<kd_teacher::Generation> {
+    let cache = GenerationCache::open(dir, manifest(18)).unwrap();
+    cache
+        .generate(&teacher(4), &prompts(18), |p| {
+            if slow && p.shards_done == 2 && !p.reused {
+                std::thread::sleep(Duration::from_secs(30));
+            }
+        })
+        .unwrap()
+}
+
+#[test]
+#[ignore = "run by resume_after_sigkill in a child process"]
+fn cache_child() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        run(Path::new(&dir), true);
+    }
+}
+
+#[test]
+fn resume_after_sigkill() {
+    let straight = tempfile::tempdir().unwrap();
+    let expected = run(straight.path(), false);
+    assert_eq!(expected.len(), 18);
+
+    let killed = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "cache::cache_child", "--ignored"])
+        .env(CHILD_ENV, killed.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !killed.path().join("shard-00001.jsonl").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the child never wrote shard 1"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child exited early"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !killed.path().join("shard-00004.jsonl").exists(),
+        "the child finished before the kill"
+    );
+
+    let resumed = run(killed.path(), false);
+    assert_eq!(resumed, expected, "resumed completions differ");
+    // Every prompt exactly once across the shards.
+    let mut indices = Vec::new();
+    for s in 0..5 {
+        let text =
+            std::fs::read_to_string(killed.path().join(format!("shard-{s:05}.jsonl"))).unwrap();
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            indices.push(v["index"].as_u64().unwrap());
+        }
+    }
+    assert_eq!(indices, (0..18).collect::<Vec<u64>>());
+    assert!(
+        std::fs::read_dir(killed.path())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().contains(".tmp"))
+    );
+}
+
+#[test]
+fn mismatching_cache_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    GenerationCache::open(dir.path(), manifest(18)).unwrap();
+    let mut other = manifest(18);
+    other.sampling.temperature = 0.5;
+    other.shard_size = 8;
+    let e = GenerationCache::open(dir.path(), other)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sampling") && e.contains("shard_size") && e.contains("temperature"),
+        "{e}"
+    );
+    // The same manifest reopens.
+    GenerationCache::open(dir.path(), manifest(18)).unwrap();
+}
