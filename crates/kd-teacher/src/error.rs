@@ -38,6 +38,25 @@ pub enum TeacherError {
         /// What is wrong.
         message: String,
     },
+    /// A remote teacher could not be reached or refused a request.
+    #[error("teacher server {url}: {message}")]
+    Remote {
+        /// The endpoint.
+        url: String,
+        /// What happened.
+        message: String,
+    },
+    /// A remote teacher answered something this client cannot use.
+    #[error("teacher server {url}: {message}")]
+    Protocol {
+        /// The endpoint.
+        url: String,
+        /// What is wrong with the answer.
+        message: String,
+    },
+    /// The teacher server could not start or stopped with an error.
+    #[error("teacher server: {0}")]
+    Serve(String),
     /// The model failed.
     #[error(transparent)]
     Model(#[from] kd_model::ModelError),

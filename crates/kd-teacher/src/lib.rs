@@ -6,6 +6,10 @@
 //!   rows finishing independently (finished rows leave the batch), greedy or temperature /
 //!   top-k / top-p sampling from per-prompt seeded streams (results do not depend on
 //!   batching), stop on eos ids.
+//! - [`RemoteTeacher`]: SGLang's `/generate` or an OpenAI-compatible `/v1/completions`
+//!   server, with bounded concurrency, timeouts, retries with backoff and jitter, validated
+//!   responses.
+//! - [`spawn_server`] / [`router`]: the local teacher served over those two APIs.
 //! - [`GenerationCache`]: completions on disk in atomically written shards under a manifest
 //!   of what determines them; an interrupted run resumes without losing or repeating a
 //!   prompt, a mismatching cache is refused with the differences.
@@ -14,14 +18,19 @@
 mod cache;
 mod error;
 mod local;
+mod remote;
 mod sampling;
+mod serve;
 mod types;
+mod wire;
 
 pub use cache::{
     CacheManifest, CacheProgress, GenerationCache, MANIFEST, model_fingerprint, prompts_hash,
     template_hash,
 };
 pub use error::{Result, TeacherError};
-pub use local::{LocalTeacher, Prompt, Teacher};
+pub use local::{LocalTeacher, Prompt, Teacher, stream_seed};
+pub use remote::{RemoteApi, RemoteConfig, RemoteTeacher};
 pub use sampling::next_token;
+pub use serve::{ServeConfig, ServerHandle, router, spawn_server};
 pub use types::{FinishReason, Generation, SamplingParams, Scores};

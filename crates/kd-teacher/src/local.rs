@@ -80,9 +80,10 @@ impl LocalTeacher {
         }
     }
 
+    /// Generates one batch; each prompt comes with the seed of its own sampling stream.
     fn generate_batch(
         &self,
-        prompts: &[&Prompt],
+        prompts: &[(&[u32], u64)],
         params: &SamplingParams,
     ) -> Result<Vec<Generation>> {
         let vocab = self.model.config().vocab_size;
@@ -94,21 +95,14 @@ impl LocalTeacher {
             .or(cfg.eos_token_ids.first().copied())
             .filter(|t| (*t as usize) < vocab)
             .unwrap_or(0);
-        let rows: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+        let rows: Vec<Vec<u32>> = prompts.iter().map(|p| p.0.to_vec()).collect();
         let mut rngs: Vec<ChaCha8Rng> = prompts
             .iter()
-            .map(|p| {
-                ChaCha8Rng::seed_from_u64(params.seed ^ p.index.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            })
+            .map(|p| ChaCha8Rng::seed_from_u64(p.1))
             .collect();
         let mut out: Vec<Generation> = prompts
             .iter()
-            .map(|_| Generation {
-                ids: Vec::new(),
-                text: None,
-                finish_reason: FinishReason::Length,
-                logprobs: params.return_logprobs.then(Vec::new),
-            })
+            .map(|_| Generation::empty(params.return_logprobs))
             .collect();
         let mut active: Vec<usize> = (0..prompts.len()).collect();
         let mut cache = self.model.new_cache();
@@ -164,30 +158,37 @@ impl LocalTeacher {
         }
         Ok(out)
     }
-}
 
-impl Teacher for LocalTeacher {
-    fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>> {
-        params.validate()?;
+    /// Checks that a sequence is non-empty and inside the vocabulary; `what` names it in the
+    /// error ("prompt 3").
+    pub(crate) fn check_ids(&self, ids: &[u32], what: &str) -> Result<()> {
         let vocab = self.model.config().vocab_size as u32;
-        for p in prompts {
-            if p.ids.is_empty() {
-                return Err(TeacherError::Input(format!("prompt {} is empty", p.index)));
-            }
-            if let Some(bad) = p.ids.iter().find(|t| **t >= vocab) {
-                return Err(TeacherError::Input(format!(
-                    "prompt {} holds token {bad}, beyond the teacher's vocabulary of {vocab}: \
-                     teacher and tokenizer do not match",
-                    p.index
-                )));
-            }
+        if ids.is_empty() {
+            return Err(TeacherError::Input(format!("{what} is empty")));
         }
+        if let Some(bad) = ids.iter().find(|t| **t >= vocab) {
+            return Err(TeacherError::Input(format!(
+                "{what} holds token {bad}, beyond the teacher's vocabulary of {vocab}: \
+                 teacher and tokenizer do not match"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Generates completions of prompts given with the seeds of their sampling streams
+    /// (see [`stream_seed`]), `batch_size` at a time, results in input order.
+    pub(crate) fn generate_seeded(
+        &self,
+        prompts: &[(&[u32], u64)],
+        params: &SamplingParams,
+    ) -> Result<Vec<Generation>> {
+        params.validate()?;
         // Similar lengths together (less padding); results go back in input order.
         let mut order: Vec<usize> = (0..prompts.len()).collect();
-        order.sort_by_key(|i| std::cmp::Reverse(prompts[*i].ids.len()));
+        order.sort_by_key(|i| std::cmp::Reverse(prompts[*i].0.len()));
         let mut results: Vec<Option<Generation>> = vec![None; prompts.len()];
         for chunk in order.chunks(self.batch_size) {
-            let batch: Vec<&Prompt> = chunk.iter().map(|i| &prompts[*i]).collect();
+            let batch: Vec<(&[u32], u64)> = chunk.iter().map(|i| prompts[*i]).collect();
             for (i, g) in chunk.iter().zip(self.generate_batch(&batch, params)?) {
                 results[*i] = Some(g);
             }
@@ -198,12 +199,45 @@ impl Teacher for LocalTeacher {
             .collect())
     }
 
+    /// The batch size.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The tokenizer, if any.
+    pub fn tokenizer(&self) -> Option<&ChatTokenizer> {
+        self.tokenizer.as_ref()
+    }
+}
+
+/// The seed of prompt `index`'s sampling stream in a run seeded with `seed`. Remote
+/// backends send it as the request's seed, so that a server running [`LocalTeacher`]
+/// samples what the local teacher samples.
+pub fn stream_seed(seed: u64, index: u64) -> u64 {
+    seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+impl Teacher for LocalTeacher {
+    fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>> {
+        for p in prompts {
+            self.check_ids(&p.ids, &format!("prompt {}", p.index))?;
+        }
+        let seeded: Vec<(&[u32], u64)> = prompts
+            .iter()
+            .map(|p| (p.ids.as_slice(), stream_seed(params.seed, p.index)))
+            .collect();
+        self.generate_seeded(&seeded, params)
+    }
+
     fn score(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>> {
         let vocab = self.model.config().vocab_size;
         if k == 0 || k > vocab {
             return Err(TeacherError::Config(format!(
                 "top-k must lie in 1..={vocab}, got {k}"
             )));
+        }
+        for (i, seq) in sequences.iter().enumerate() {
+            self.check_ids(seq, &format!("sequence {i}"))?;
         }
         let mut out = Vec::with_capacity(sequences.len());
         for chunk in sequences.chunks(self.batch_size) {

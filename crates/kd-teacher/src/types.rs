@@ -81,6 +81,18 @@ pub struct Generation {
     pub logprobs: Option<Vec<f32>>,
 }
 
+impl Generation {
+    /// Nothing generated yet.
+    pub(crate) fn empty(with_logprobs: bool) -> Self {
+        Self {
+            ids: Vec::new(),
+            text: None,
+            finish_reason: FinishReason::Length,
+            logprobs: with_logprobs.then(Vec::new),
+        }
+    }
+}
+
 /// The teacher's view of one sequence: the top-k log-probabilities at every position
 /// (position t predicts token t + 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

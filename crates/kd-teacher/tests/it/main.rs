@@ -1,8 +1,10 @@
 //! kd-teacher integration tests: generation against transformers, batching invariance,
-//! sampling determinism, scoring, the cache (resume after SIGKILL, mismatches).
+//! sampling determinism, scoring, the cache (resume after SIGKILL, mismatches), the remote
+//! backends against the server (equality, faults, errors).
 
 mod cache;
 mod generation;
+mod remote;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,592 @@
+//! The local teacher over HTTP: SGLang's `POST /generate` and the OpenAI-compatible
+//! `POST /v1/completions` (token-id prompts), plus `GET /health` and `GET /v1/models`, so that
+//! a teacher can run on a GPU box and students elsewhere (through [`crate::RemoteTeacher`]
+//! or any client of those APIs).
+//!
+//! Requests from all connections go to one worker thread that owns the model and batches
+//! them (up to the teacher's batch size, waiting `batch_wait_ms` for company); a request gets
+//! the tokens it would get alone (log-probs may differ in the last float bits, as a batch of
+//! another composition sums in another order). Sampling seeds per request
+//! (`sampling_seed` / `seed`) make sampled completions reproducible.
+//!
+//! Supported request fields: see the SGLang and OpenAI request types; anything else, hidden
+//! states included, is refused with HTTP 400 naming the field, never silently ignored.
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::error::{Result, TeacherError};
+use crate::local::{LocalTeacher, Teacher};
+use crate::types::{FinishReason, Generation, SamplingParams, Scores};
+use crate::wire::{
+    OaiChoice, OaiLogprobs, OaiRequest, OaiResponse, OaiUsage, SglFinish, SglLogprob, SglMeta,
+    SglRequest, SglResponse, token_key,
+};
+
+/// How the server behaves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Name reported by `/v1/models` and in OpenAI responses.
+    pub model_name: String,
+    /// Milliseconds the worker waits for more requests before running a partial batch.
+    pub batch_wait_ms: u64,
+    /// When set, requests must carry `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            model_name: "teacher".into(),
+            batch_wait_ms: 5,
+            api_key: None,
+        }
+    }
+}
+
+/// One prompt for the worker.
+struct Job {
+    ids: Vec<u32>,
+    /// Seed of the prompt's sampling stream.
+    seed: u64,
+    params: SamplingParams,
+    /// Top-k log-probs over prompt and output, when asked.
+    top_k: Option<usize>,
+    reply: oneshot::Sender<Result<JobResult>>,
+}
+
+struct JobResult {
+    generation: Generation,
+    /// Scores over prompt ++ generated ids (position t predicts token t + 1).
+    scores: Option<Scores>,
+}
+
+#[derive(Clone)]
+struct AppState {
+    jobs: mpsc::Sender<Job>,
+    config: ServeConfig,
+    vocab: usize,
+}
+
+/// The worker: owns the teacher, batches jobs of equal sampling settings.
+fn worker(teacher: LocalTeacher, rx: mpsc::Receiver<Job>, wait: Duration) {
+    let cap = teacher.batch_size();
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        let deadline = Instant::now() + wait;
+        while jobs.len() < cap {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        // Groups of identical settings (the seed is per prompt).
+        let mut groups: Vec<(SamplingParams, Vec<Job>)> = Vec::new();
+        for job in jobs {
+            if let Err(e) = teacher.check_ids(&job.ids, "the prompt") {
+                let _ = job.reply.send(Err(e));
+                continue;
+            }
+            let key = SamplingParams {
+                seed: 0,
+                ..job.params.clone()
+            };
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, g)) => g.push(job),
+                None => groups.push((key, vec![job])),
+            }
+        }
+        for (params, group) in groups {
+            run_group(&teacher, &params, group);
+        }
+    }
+}
+
+fn run_group(teacher: &LocalTeacher, params: &SamplingParams, group: Vec<Job>) {
+    let generated: Result<Vec<Generation>> = if params.max_new_tokens == 0 {
+        Ok(group
+            .iter()
+            .map(|_| Generation::empty(params.return_logprobs))
+            .collect())
+    } else {
+        let prompts: Vec<(&[u32], u64)> =
+            group.iter().map(|j| (j.ids.as_slice(), j.seed)).collect();
+        teacher.generate_seeded(&prompts, params)
+    };
+    let generated = match generated {
+        Ok(g) => g,
+        Err(e) => {
+            let msg = e.to_string();
+            for job in group {
+                let _ = job.reply.send(Err(TeacherError::Input(msg.clone())));
+            }
+            return;
+        }
+    };
+    for (job, generation) in group.into_iter().zip(generated) {
+        let scores = match job.top_k {
+            Some(k) => {
+                let mut seq = job.ids.clone();
+                seq.extend_from_slice(&generation.ids);
+                match teacher.score(&[seq], k) {
+                    Ok(mut s) => s.pop(),
+                    Err(e) => {
+                        let _ = job.reply.send(Err(e));
+                        continue;
+                    }
+                }
+            }
+            None => None,
+        };
+        let _ = job.reply.send(Ok(JobResult { generation, scores }));
+    }
+}
+
+/// An HTTP error in the OpenAI shape `{"error": {"message", "type", "code"}}`.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.0 {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "server_error",
+        };
+        let body = serde_json::json!({
+            "error": {"message": self.1, "type": kind, "code": self.0.as_u16()}
+        });
+        (self.0, Json(body)).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.config.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key (send `Authorization: Bearer <key>`)".into(),
+        ))
+    }
+}
+
+/// Submits the prompts and waits for all of them.
+async fn submit(
+    state: &AppState,
+    prompts: Vec<Vec<u32>>,
+    seed: u64,
+    params: SamplingParams,
+    top_k: Option<usize>,
+) -> Result<Vec<JobResult>, ApiError> {
+    if prompts.is_empty() {
+        return Err(bad("no prompt given"));
+    }
+    if params.max_new_tokens > 0 {
+        params.validate().map_err(|e| bad(e.to_string()))?;
+    }
+    if let Some(k) = top_k
+        && !(1..=state.vocab).contains(&k)
+    {
+        return Err(bad(format!(
+            "top log-probs must lie in 1..={}, got {k}",
+            state.vocab
+        )));
+    }
+    let mut waits = Vec::with_capacity(prompts.len());
+    for (i, ids) in prompts.into_iter().enumerate() {
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            ids,
+            // Several prompts in one request: consecutive streams.
+            seed: seed.wrapping_add(i as u64),
+            params: params.clone(),
+            top_k,
+            reply: tx,
+        };
+        state
+            .jobs
+            .send(job)
+            .map_err(|_| ApiError(StatusCode::SERVICE_UNAVAILABLE, "teacher stopped".into()))?;
+        waits.push(rx);
+    }
+    let mut out = Vec::with_capacity(waits.len());
+    for rx in waits {
+        match rx.await {
+            Ok(Ok(r)) => out.push(r),
+            Ok(Err(e @ TeacherError::Input(_))) => return Err(bad(e.to_string())),
+            Ok(Err(e)) => {
+                return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+            }
+            Err(_) => {
+                return Err(ApiError(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the teacher worker stopped".into(),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn top_row(s: &Scores, pos: usize) -> Vec<SglLogprob> {
+    (0..s.k)
+        .map(|j| {
+            (
+                Some(s.logprobs[pos * s.k + j]),
+                s.indices[pos * s.k + j],
+                None,
+            )
+        })
+        .collect()
+}
+
+async fn sgl_generate(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: std::result::Result<Json<SglRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    check_auth(&state, &headers)?;
+    let Json(req) = body.map_err(|e| bad(e.body_text()))?;
+    if req.return_hidden_states {
+        return Err(bad(
+            "`return_hidden_states` is not served by this teacher server",
+        ));
+    }
+    if req.stream {
+        return Err(bad("`stream` is not supported: send `stream: false`"));
+    }
+    let sp = &req.sampling_params;
+    let params = SamplingParams {
+        max_new_tokens: sp.max_new_tokens.unwrap_or(128),
+        temperature: sp.temperature.unwrap_or(1.0),
+        top_k: sp.top_k.filter(|k| *k > 0).unwrap_or(0) as usize,
+        top_p: sp.top_p.unwrap_or(1.0),
+        seed: 0,
+        stop_token_ids: sp.stop_token_ids.clone().unwrap_or_default(),
+        return_logprobs: req.return_logprob,
+    };
+    let top_k = (req.return_logprob && req.top_logprobs_num > 0).then_some(req.top_logprobs_num);
+    let single = matches!(req.input_ids, crate::wire::OneOrMany::One(_));
+    let prompts = req.input_ids.into_vec();
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let results = submit(
+        &state,
+        prompts,
+        sp.sampling_seed.unwrap_or(0),
+        params,
+        top_k,
+    )
+    .await?;
+    let mut out = Vec::with_capacity(results.len());
+    for (r, plen) in results.into_iter().zip(lens) {
+        let g = r.generation;
+        let n = g.ids.len();
+        let (input_top, output_top) = match (&r.scores, req.logprob_start_len) {
+            (Some(s), start) => {
+                let input = (start >= 0).then(|| {
+                    (start as usize..plen)
+                        .map(|t| (t > 0).then(|| top_row(s, t - 1)))
+                        .collect()
+                });
+                let output = (0..n).map(|j| Some(top_row(s, plen - 1 + j))).collect();
+                (input, Some(output))
+            }
+            (None, _) => (None, None),
+        };
+        let meta = SglMeta {
+            id: Some(format!("{:016x}", rand::random::<u64>())),
+            finish_reason: Some(match g.finish_reason {
+                FinishReason::Stop => SglFinish {
+                    kind: "stop".into(),
+                    matched: g.ids.last().map(|t| serde_json::json!(t)),
+                    length: None,
+                },
+                FinishReason::Length => SglFinish {
+                    kind: "length".into(),
+                    matched: None,
+                    length: Some(n),
+                },
+            }),
+            prompt_tokens: plen,
+            completion_tokens: n,
+            output_token_logprobs: g.logprobs.as_ref().map(|lps| {
+                lps.iter()
+                    .zip(&g.ids)
+                    .map(|(lp, id)| (Some(*lp), *id, None))
+                    .collect()
+            }),
+            input_top_logprobs: input_top,
+            output_top_logprobs: output_top,
+        };
+        out.push(SglResponse {
+            text: g.text,
+            output_ids: Some(g.ids),
+            meta_info: meta,
+        });
+    }
+    Ok(if single {
+        Json(out.pop().expect("one result")).into_response()
+    } else {
+        Json(out).into_response()
+    })
+}
+
+async fn oai_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: std::result::Result<Json<OaiRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    check_auth(&state, &headers)?;
+    let Json(req) = body.map_err(|e| bad(e.body_text()))?;
+    if req.stream {
+        return Err(bad("`stream` is not supported: send `stream: false`"));
+    }
+    if req.n.unwrap_or(1) != 1 {
+        return Err(bad("`n` must be 1"));
+    }
+    let params = SamplingParams {
+        max_new_tokens: req.max_tokens.unwrap_or(16),
+        temperature: req.temperature.unwrap_or(1.0),
+        top_k: req.top_k.filter(|k| *k > 0).unwrap_or(0) as usize,
+        top_p: req.top_p.unwrap_or(1.0),
+        seed: 0,
+        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+        return_logprobs: req.logprobs.is_some(),
+    };
+    let top_k = req.logprobs.filter(|k| *k > 0);
+    let prompts = req.prompt.into_vec();
+    let prompt_ids = prompts.clone();
+    let results = submit(&state, prompts, req.seed.unwrap_or(0), params, top_k).await?;
+    let name = |id: u32| {
+        if req.return_tokens_as_token_ids {
+            token_key(id)
+        } else {
+            id.to_string()
+        }
+    };
+    let top_map = |s: &Scores, pos: usize| {
+        let mut m = serde_json::Map::new();
+        for (lp, id, _) in top_row(s, pos) {
+            m.insert(name(id), serde_json::json!(lp));
+        }
+        m
+    };
+    let mut choices = Vec::with_capacity(results.len());
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    for (i, (r, prompt)) in results.into_iter().zip(prompt_ids).enumerate() {
+        let g = r.generation;
+        prompt_tokens += prompt.len();
+        completion_tokens += g.ids.len();
+        let logprobs = g.logprobs.as_ref().map(|lps| {
+            let plen = prompt.len();
+            let (mut tokens, mut token_lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+            if req.echo {
+                for (t, id) in prompt.iter().enumerate() {
+                    tokens.push(name(*id));
+                    // The log-prob of prompt token t is read from position t - 1's scores
+                    // when it is among the top-k; otherwise unknown here.
+                    let lp = match (&r.scores, t) {
+                        (Some(s), t) if t > 0 => (0..s.k)
+                            .find(|j| s.indices[(t - 1) * s.k + j] == *id)
+                            .map(|j| s.logprobs[(t - 1) * s.k + j]),
+                        _ => None,
+                    };
+                    token_lps.push(lp);
+                    tops.push(match &r.scores {
+                        Some(s) if t > 0 => Some(top_map(s, t - 1)),
+                        _ => None,
+                    });
+                }
+            }
+            for (j, (id, lp)) in g.ids.iter().zip(lps).enumerate() {
+                tokens.push(name(*id));
+                token_lps.push(Some(*lp));
+                tops.push(r.scores.as_ref().map(|s| top_map(s, plen - 1 + j)));
+            }
+            OaiLogprobs {
+                text_offset: vec![0; tokens.len()],
+                tokens,
+                token_logprobs: token_lps,
+                top_logprobs: r.scores.is_some().then_some(tops),
+            }
+        });
+        choices.push(OaiChoice {
+            index: i,
+            text: g.text,
+            finish_reason: Some(
+                match g.finish_reason {
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length => "length",
+                }
+                .into(),
+            ),
+            token_ids: req.return_token_ids.then(|| g.ids.clone()),
+            prompt_token_ids: (req.return_token_ids && req.echo).then_some(prompt),
+            logprobs,
+        });
+    }
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(Json(OaiResponse {
+        id: format!("cmpl-{:016x}", rand::random::<u64>()),
+        object: "text_completion".into(),
+        created,
+        model: state.config.model_name.clone(),
+        choices,
+        usage: Some(OaiUsage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }),
+    })
+    .into_response())
+}
+
+async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{"id": state.config.model_name, "object": "model", "owned_by": "kd"}]
+    }))
+}
+
+/// The HTTP routes over `teacher`. The model moves to a worker thread that stops when the
+/// router (all its clones) is dropped.
+pub fn router(teacher: LocalTeacher, config: ServeConfig) -> Router {
+    let (tx, rx) = mpsc::channel();
+    let vocab = teacher.model().config().vocab_size;
+    let wait = Duration::from_millis(config.batch_wait_ms);
+    std::thread::Builder::new()
+        .name("kd-teacher-worker".into())
+        .spawn(move || worker(teacher, rx, wait))
+        .expect("spawn the teacher worker");
+    let state = AppState {
+        jobs: tx,
+        config,
+        vocab,
+    };
+    Router::new()
+        .route("/generate", post(sgl_generate))
+        .route("/v1/completions", post(oai_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// A server running on its own thread; dropping the handle (or [`ServerHandle::shutdown`])
+/// stops it gracefully.
+#[derive(Debug)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl ServerHandle {
+    /// The address it listens on (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL, `http://ip:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, finishes requests in flight and waits for the thread.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => Err(TeacherError::Serve(e.to_string())),
+            Some(Err(_)) => Err(TeacherError::Serve("the server thread panicked".into())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Blocks until the server stops (it runs until shut down or killed).
+    pub fn wait(mut self) -> Result<()> {
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => Err(TeacherError::Serve(e.to_string())),
+            Some(Err(_)) => Err(TeacherError::Serve("the server thread panicked".into())),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        let _ = self.stop_and_join();
+    }
+}
+
+/// Serves `teacher` on `addr` (e.g. `0.0.0.0:30000`, or `127.0.0.1:0` for any free port)
+/// from a thread of its own.
+pub fn spawn_server(
+    teacher: LocalTeacher,
+    addr: &str,
+    config: ServeConfig,
+) -> Result<ServerHandle> {
+    let std_listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| TeacherError::Serve(format!("cannot listen on {addr}: {e}")))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| TeacherError::Serve(e.to_string()))?;
+    let local = std_listener
+        .local_addr()
+        .map_err(|e| TeacherError::Serve(e.to_string()))?;
+    let app = router(teacher, config);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("kd-teacher-server".into())
+        .spawn(move || -> std::io::Result<()> {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener)?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+            })
+        })
+        .map_err(|e| TeacherError::Serve(e.to_string()))?;
+    tracing::info!(%local, "teacher server listening");
+    Ok(ServerHandle {
+        addr: local,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,325 @@
+//! The remote backends against the real server on loopback: results equal the local
+//! teacher's (greedy, sampled, scores) through both APIs; faults (5xx, dropped connections,
+//! stalls) are retried without losing or duplicating a prompt; errors are clear.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kd_teacher::{
+    RemoteApi, RemoteConfig, RemoteTeacher, SamplingParams, ServeConfig, Teacher, TeacherError,
+    router, spawn_server,
+};
+
+use crate::{prompts, teacher};
+use kd_teacher::{Generation, Scores};
+
+/// Same tokens, finish reasons and texts; log-probs equal up to float rounding (a batch
+/// composed differently on the server sums in another order).
+fn assert_same(got: &[Generation], want: &[Generation], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            (&g.ids, g.finish_reason, &g.text),
+            (&w.ids, w.finish_reason, &w.text),
+            "{what}: prompt {i}"
+        );
+        assert_close(g.logprobs.as_deref(), w.logprobs.as_deref(), what);
+    }
+}
+
+fn assert_close(got: Option<&[f32]>, want: Option<&[f32]>, what: &str) {
+    assert_eq!(got.map(<[f32]>::len), want.map(<[f32]>::len), "{what}");
+    for (a, b) in got.unwrap_or(&[]).iter().zip(want.unwrap_or(&[])) {
+        assert!((a - b).abs() <= 1e-5, "{what}: log-prob {a} vs {b}");
+    }
+}
+
+fn assert_same_scores(got: &[Scores], want: &[Scores], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.len, g.k, &g.indices), (w.len, w.k, &w.indices), "{what}");
+        assert_close(Some(&g.logprobs), Some(&w.logprobs), what);
+    }
+}
+
+fn client(url: &str, api: RemoteApi) -> RemoteTeacher {
+    RemoteTeacher::with_api_key(
+        RemoteConfig {
+            url: url.into(),
+            api,
+            vocab_size: Some(512),
+            max_concurrency: 4,
+            request_timeout_s: 30.0,
+            max_retries: 4,
+            initial_backoff_s: 0.01,
+            max_backoff_s: 0.05,
+            ..RemoteConfig::default()
+        },
+        None,
+    )
+    .unwrap()
+}
+
+fn sampled() -> SamplingParams {
+    SamplingParams {
+        max_new_tokens: 6,
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        seed: 7,
+        return_logprobs: true,
+        ..SamplingParams::default()
+    }
+}
+
+fn greedy() -> SamplingParams {
+    SamplingParams {
+        max_new_tokens: 6,
+        return_logprobs: true,
+        ..SamplingParams::default()
+    }
+}
+
+#[test]
+fn both_apis_return_what_the_local_teacher_computes() {
+    let local = teacher(3);
+    let server = spawn_server(teacher(3), "127.0.0.1:0", ServeConfig::default()).unwrap();
+    let ps = prompts(9);
+    let seqs: Vec<Vec<u32>> = ps.iter().map(|p| p.ids.clone()).collect();
+    let want_greedy = local.generate(&ps, &greedy()).unwrap();
+    let want_sampled = local.generate(&ps, &sampled()).unwrap();
+    let want_scores = local.score(&seqs, 5).unwrap();
+    for api in [RemoteApi::Sglang, RemoteApi::Openai] {
+        let remote = client(&server.url(), api);
+        let what = format!("{api:?}");
+        assert_same(
+            &remote.generate(&ps, &greedy()).unwrap(),
+            &want_greedy,
+            &what,
+        );
+        assert_same(
+            &remote.generate(&ps, &sampled()).unwrap(),
+            &want_sampled,
+            &what,
+        );
+        assert_same_scores(&remote.score(&seqs, 5).unwrap(), &want_scores, &what);
+    }
+    server.shutdown().unwrap();
+}
+
+/// Serves the teacher behind a middleware that misbehaves on chosen requests.
+fn faulty_server(
+    fault: impl Fn(usize) -> Option<Fault> + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>, std::thread::JoinHandle<()>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let fault = Arc::new(fault);
+    let app = router(teacher(4), ServeConfig::default()).layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            let what = fault(n);
+            async move {
+                match what {
+                    Some(Fault::Status(code)) => axum::response::IntoResponse::into_response((
+                        axum::http::StatusCode::from_u16(code).unwrap(),
+                        "injected failure",
+                    )),
+                    Some(Fault::Stall(d)) => {
+                        tokio::time::sleep(d).await;
+                        next.run(req).await
+                    }
+                    None => next.run(req).await,
+                }
+            }
+        },
+    ));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            // Runs until the test process ends.
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    (url, count, handle)
+}
+
+#[derive(Clone, Copy)]
+enum Fault {
+    Status(u16),
+    Stall(Duration),
+}
+
+#[test]
+fn server_errors_and_stalls_are_retried_without_loss_or_duplication() {
+    let ps = prompts(10);
+    let want = teacher(4).generate(&ps, &sampled()).unwrap();
+    // Every third request answers 503, one in seven 429.
+    let (url, count, _h) = faulty_server(|n| match n {
+        n if n % 3 == 0 => Some(Fault::Status(503)),
+        n if n % 7 == 0 => Some(Fault::Status(429)),
+        _ => None,
+    });
+    for api in [RemoteApi::Sglang, RemoteApi::Openai] {
+        let got = client(&url, api).generate(&ps, &sampled()).unwrap();
+        assert_same(&got, &want, &format!("{api:?} with 5xx/429"));
+    }
+    assert!(
+        count.load(Ordering::SeqCst) > 2 * ps.len(),
+        "faults were injected"
+    );
+
+    // The first two requests stall beyond the client's timeout.
+    let (url, _, _h) = faulty_server(|n| (n < 2).then_some(Fault::Stall(Duration::from_secs(3))));
+    let mut cfg = client(&url, RemoteApi::Sglang).config().clone();
+    cfg.request_timeout_s = 0.5;
+    let remote = RemoteTeacher::with_api_key(cfg, None).unwrap();
+    assert_same(&remote.generate(&ps, &sampled()).unwrap(), &want, "stalls");
+}
+
+#[test]
+fn dropped_connections_are_retried() {
+    use tokio::io::AsyncReadExt;
+    let ps = prompts(8);
+    let want = teacher(4).generate(&ps, &greedy()).unwrap();
+    let server = spawn_server(teacher(4), "127.0.0.1:0", ServeConfig::default()).unwrap();
+    let backend = server.local_addr();
+    // A proxy that reads the request of every other connection and hangs up without answering.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    rt.spawn(async move {
+        let mut n = 0usize;
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            n += 1;
+            if n % 2 == 1 {
+                d.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 256];
+                let _ = conn.read(&mut buf).await;
+                drop(conn);
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut up) = tokio::net::TcpStream::connect(backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                }
+            });
+        }
+    });
+    for api in [RemoteApi::Sglang, RemoteApi::Openai] {
+        let mut cfg = client(&proxy, api).config().clone();
+        cfg.max_retries = 8;
+        let remote = RemoteTeacher::with_api_key(cfg, None).unwrap();
+        let got = remote.generate(&ps, &greedy()).unwrap();
+        assert_same(&got, &want, &format!("{api:?} with dropped connections"));
+    }
+    assert!(dropped.load(Ordering::SeqCst) > 0);
+}
+
+#[test]
+fn errors_are_clear_and_refusals_are_not_retried() {
+    // Nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cfg = client(&format!("http://127.0.0.1:{port}"), RemoteApi::Sglang)
+        .config()
+        .clone();
+    cfg.max_retries = 2;
+    let err = RemoteTeacher::with_api_key(cfg, None)
+        .unwrap()
+        .generate(&prompts(1), &greedy())
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, TeacherError::Remote { .. }), "{msg}");
+    assert!(
+        msg.contains("failed 3 times") && msg.contains("/health"),
+        "{msg}"
+    );
+
+    let server = spawn_server(
+        teacher(2),
+        "127.0.0.1:0",
+        ServeConfig {
+            api_key: Some("s3cret".into()),
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    // Without the key: 401, reported at once.
+    let msg = client(&server.url(), RemoteApi::Openai)
+        .generate(&prompts(1), &greedy())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("401") && msg.contains("API key"), "{msg}");
+    let keyed = |api| {
+        RemoteTeacher::with_api_key(
+            client(&server.url(), api).config().clone(),
+            Some("s3cret".into()),
+        )
+        .unwrap()
+    };
+    // A token beyond the teacher's vocabulary: 400 naming it.
+    let bad = vec![kd_teacher::Prompt {
+        index: 0,
+        ids: vec![1, 4000],
+    }];
+    let msg = keyed(RemoteApi::Sglang)
+        .generate(&bad, &greedy())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("400") && msg.contains("4000"), "{msg}");
+    // A student vocabulary smaller than the teacher's: the answer is refused.
+    let mut cfg = keyed(RemoteApi::Openai).config().clone();
+    cfg.vocab_size = Some(3);
+    let err = RemoteTeacher::with_api_key(cfg, Some("s3cret".into()))
+        .unwrap()
+        .generate(&prompts(2), &greedy())
+        .unwrap_err();
+    assert!(
+        matches!(err, TeacherError::Protocol { .. }) && err.to_string().contains("vocabulary"),
+        "{err}"
+    );
+    // With the key everything works.
+    assert_same(
+        &keyed(RemoteApi::Openai)
+            .generate(&prompts(3), &greedy())
+            .unwrap(),
+        &teacher(2).generate(&prompts(3), &greedy()).unwrap(),
+        "with the API key",
+    );
+}
+
+#[test]
+fn unknown_request_fields_are_refused_by_name() {
+    let server = spawn_server(teacher(2), "127.0.0.1:0", ServeConfig::default()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let body = serde_json::json!({
+        "input_ids": [1, 2, 3],
+        "sampling_params": {"max_new_tokens": 2, "repetition_penalty": 1.2}
+    });
+    let (status, text) = rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("{}/generate", server.url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("repetition_penalty"), "{text}");
+}
