@@ -29,8 +29,8 @@ pub use cache::{
     template_hash,
 };
 pub use error::{Result, TeacherError};
-pub use local::{LocalTeacher, Prompt, Teacher, stream_seed};
+pub use local::{LocalTeacher, Prompt, ReplicatedTeacher, Teacher, stream_seed};
 pub use remote::{RemoteApi, RemoteConfig, RemoteTeacher};
 pub use sampling::next_token;
 pub use serve::{ServeConfig, ServerHandle, router, spawn_server};
-pub use types::{FinishReason, Generation, SamplingParams, Scores};
+pub use types::{FinishReason, Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};

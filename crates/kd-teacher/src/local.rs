@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Result, TeacherError};
 use crate::sampling::next_token;
-use crate::types::{FinishReason, Generation, SamplingParams, Scores};
+use crate::types::{FinishReason, Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
 
 /// A prompt with its index in the whole prompt set (the sampling stream derives from it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +26,12 @@ pub trait Teacher {
     fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>>;
 
     /// Top-`k` log-probabilities at every position of each sequence.
-    fn score(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>>;
+    fn score(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>> {
+        self.score_with(sequences, &ScoreOptions::top_k(k))
+    }
+
+    /// Top-k log-probabilities and, when asked, hidden states of chosen layers.
+    fn score_with(&self, sequences: &[Vec<u32>], options: &ScoreOptions) -> Result<Vec<Scores>>;
 
     /// A stable description of the teacher (model files, dtype) for cache keys.
     fn fingerprint(&self) -> String;
@@ -229,8 +234,16 @@ impl Teacher for LocalTeacher {
         self.generate_seeded(&seeded, params)
     }
 
-    fn score(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>> {
-        let vocab = self.model.config().vocab_size;
+    fn score_with(&self, sequences: &[Vec<u32>], options: &ScoreOptions) -> Result<Vec<Scores>> {
+        let k = options.top_k;
+        let cfg = self.model.config();
+        let (vocab, layers, dim) = (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size);
+        if let Some(bad) = options.hidden_layers.iter().find(|l| **l > layers) {
+            return Err(TeacherError::Config(format!(
+                "hidden layer {bad} does not exist: indices run from 0 (embeddings) to \
+                 {layers} (after the final norm)"
+            )));
+        }
         if k == 0 || k > vocab {
             return Err(TeacherError::Config(format!(
                 "top-k must lie in 1..={vocab}, got {k}"
@@ -244,14 +257,28 @@ impl Teacher for LocalTeacher {
             let batch = TokenBatch::from_rows(chunk, 0, PaddingSide::Right);
             let s = batch.seq_len();
             let opts = ForwardOptions {
-                hidden_states: HiddenStates::None,
+                hidden_states: if options.hidden_layers.is_empty() {
+                    HiddenStates::None
+                } else {
+                    HiddenStates::Layers(options.hidden_layers.clone())
+                },
                 ..ForwardOptions::default()
             };
-            let logits = self
-                .model
-                .forward(&batch, &opts)?
-                .logits
-                .expect("requested");
+            let output = self.model.forward(&batch, &opts)?;
+            let hidden: Vec<(usize, Vec<f32>)> = options
+                .hidden_layers
+                .iter()
+                .map(|l| {
+                    let t = output.hidden_state(*l).expect("requested").clone();
+                    let v = t
+                        .into_data()
+                        .convert::<f32>()
+                        .try_into_vec_as::<f32>()
+                        .expect("f32");
+                    (*l, v)
+                })
+                .collect();
+            let logits = output.logits.expect("requested");
             let (values, indices) = log_softmax(logits, 2).topk_with_indices(k, 2);
             let values: Vec<f32> = values
                 .into_data()
@@ -275,6 +302,14 @@ impl Teacher for LocalTeacher {
                     logprobs: (0..len)
                         .flat_map(|t| values[at(t)..at(t) + k].iter().copied())
                         .collect(),
+                    hidden_states: hidden
+                        .iter()
+                        .map(|(layer, v)| LayerHidden {
+                            layer: *layer,
+                            dim,
+                            values: v[r * s * dim..(r * s + len) * dim].to_vec(),
+                        })
+                        .collect(),
                 });
             }
         }
@@ -283,5 +318,70 @@ impl Teacher for LocalTeacher {
 
     fn fingerprint(&self) -> String {
         self.fingerprint.clone()
+    }
+}
+
+/// Several teachers (one replica per device) sharing the prompts out: each replica takes a
+/// contiguous share, all run at once on threads of their own, results come back in input
+/// order. Sampling streams depend on the prompt index only, so the result equals one
+/// replica's.
+pub struct ReplicatedTeacher<T> {
+    replicas: Vec<T>,
+}
+
+impl<T: Teacher + Sync> ReplicatedTeacher<T> {
+    /// At least one replica.
+    pub fn new(replicas: Vec<T>) -> Result<Self> {
+        if replicas.is_empty() {
+            return Err(TeacherError::Config("no teacher replica given".into()));
+        }
+        Ok(Self { replicas })
+    }
+
+    /// The replicas.
+    pub fn replicas(&self) -> &[T] {
+        &self.replicas
+    }
+
+    fn fan_out<I: Sync, O: Send>(
+        &self,
+        items: &[I],
+        run: impl Fn(&T, &[I]) -> Result<Vec<O>> + Sync,
+    ) -> Result<Vec<O>> {
+        let share = items.len().div_ceil(self.replicas.len()).max(1);
+        let results: Vec<Result<Vec<O>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .replicas
+                .iter()
+                .zip(items.chunks(share))
+                .map(|(r, chunk)| {
+                    let run = &run;
+                    scope.spawn(move || run(r, chunk))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("teacher replica panicked"))
+                .collect()
+        });
+        let mut out = Vec::with_capacity(items.len());
+        for r in results {
+            out.extend(r?);
+        }
+        Ok(out)
+    }
+}
+
+impl<T: Teacher + Sync> Teacher for ReplicatedTeacher<T> {
+    fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>> {
+        self.fan_out(prompts, |t, chunk| t.generate(chunk, params))
+    }
+
+    fn score_with(&self, sequences: &[Vec<u32>], options: &ScoreOptions) -> Result<Vec<Scores>> {
+        self.fan_out(sequences, |t, chunk| t.score_with(chunk, options))
+    }
+
+    fn fingerprint(&self) -> String {
+        self.replicas[0].fingerprint()
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 
 use crate::error::{Result, TeacherError};
 use crate::local::{Prompt, Teacher, stream_seed};
-use crate::types::{FinishReason, Generation, SamplingParams, Scores};
+use crate::types::{FinishReason, Generation, SamplingParams, ScoreOptions, Scores};
 use crate::wire::{
     OaiChoice, OaiRequest, OaiResponse, SglLogprob, SglRequest, SglResponse, SglSampling,
     parse_token_key,
@@ -557,6 +557,7 @@ fn scores_from(rows: Vec<Vec<(u32, f32)>>, k: usize) -> Scores {
         k,
         indices: rows.iter().flat_map(|r| r.iter().map(|e| e.0)).collect(),
         logprobs: rows.iter().flat_map(|r| r.iter().map(|e| e.1)).collect(),
+        hidden_states: Vec::new(),
     }
 }
 
@@ -701,8 +702,16 @@ impl Teacher for RemoteTeacher {
         self.runtime.block_on(self.generate_async(prompts, params))
     }
 
-    fn score(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>> {
-        self.runtime.block_on(self.score_async(sequences, k))
+    fn score_with(&self, sequences: &[Vec<u32>], options: &ScoreOptions) -> Result<Vec<Scores>> {
+        if !options.hidden_layers.is_empty() {
+            return Err(TeacherError::Config(
+                "hidden states are not fetched from remote teachers yet: score with a local \
+                 teacher, or leave `hidden_layers` empty"
+                    .into(),
+            ));
+        }
+        self.runtime
+            .block_on(self.score_async(sequences, options.top_k))
     }
 
     fn fingerprint(&self) -> String {

@@ -33,6 +33,9 @@ use crate::wire::{
     SglRequest, SglResponse, token_key,
 };
 
+/// How long a shutdown waits for requests in flight.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// How the server behaves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -517,7 +520,7 @@ impl ServerHandle {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting, finishes requests in flight and waits for the thread.
+    /// Stops accepting, finishes requests in flight (for up to 5 s) and waits for the thread.
     pub fn shutdown(mut self) -> Result<()> {
         self.stop_and_join()
     }
@@ -575,11 +578,23 @@ pub fn spawn_server(
                 .build()?;
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async {
-                        let _ = stop_rx.await;
-                    })
-                    .await
+                let (grace_tx, grace_rx) = oneshot::channel::<()>();
+                let serve = axum::serve(listener, app).with_graceful_shutdown(async {
+                    let _ = stop_rx.await;
+                    let _ = grace_tx.send(());
+                });
+                // Connections still open (a client's keep-alive pool) get a grace period,
+                // then are cut when the runtime stops.
+                tokio::select! {
+                    r = serve => r,
+                    _ = async {
+                        if grace_rx.await.is_ok() {
+                            tokio::time::sleep(SHUTDOWN_GRACE).await;
+                        } else {
+                            std::future::pending::<()>().await;
+                        }
+                    } => Ok(()),
+                }
             })
         })
         .map_err(|e| TeacherError::Serve(e.to_string()))?;

@@ -105,4 +105,40 @@ pub struct Scores {
     pub indices: Vec<u32>,
     /// Log-probabilities (temperature 1), `[len, k]`.
     pub logprobs: Vec<f32>,
+    /// Hidden states of the layers asked for ([`ScoreOptions::hidden_layers`]), in that
+    /// order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden_states: Vec<LayerHidden>,
+}
+
+/// The hidden state of one layer over a sequence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerHidden {
+    /// Index as transformers' `output_hidden_states` (0 = embeddings, i = after layer i,
+    /// `num_hidden_layers` = after the final norm).
+    pub layer: usize,
+    /// Width (the model's hidden size).
+    pub dim: usize,
+    /// `[len, dim]`, row-major.
+    pub values: Vec<f32>,
+}
+
+/// What scoring returns besides the top-k log-probs.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScoreOptions {
+    /// Entries per position (ROLL's default: 64).
+    pub top_k: usize,
+    /// Hidden states to return, indexed as transformers' `output_hidden_states`.
+    pub hidden_layers: Vec<usize>,
+}
+
+impl ScoreOptions {
+    /// Top-k only.
+    pub fn top_k(k: usize) -> Self {
+        Self {
+            top_k: k,
+            hidden_layers: Vec::new(),
+        }
+    }
 }

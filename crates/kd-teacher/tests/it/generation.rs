@@ -211,3 +211,109 @@ fn bad_inputs_are_clear_errors() {
         .to_string();
     assert!(e.contains("top_p"), "{e}");
 }
+
+#[test]
+fn scores_match_a_plain_forward_pass_with_hidden_states() {
+    use kd_model::{ForwardOptions, HiddenStates, TokenBatch};
+    use kd_teacher::ScoreOptions;
+    let t = teacher(3);
+    let seqs = vec![vec![1, 17, 45, 200, 3], vec![1, 88], vec![5, 6, 7]];
+    let layers = vec![0, 1, t.model().config().num_hidden_layers];
+    let opts = ScoreOptions {
+        top_k: 4,
+        hidden_layers: layers.clone(),
+    };
+    let scores = t.score_with(&seqs, &opts).unwrap();
+    let dim = t.model().config().hidden_size;
+    for (seq, s) in seqs.iter().zip(&scores) {
+        // Each sequence alone, unpadded; log-softmax on the host in f64.
+        let out = t
+            .model()
+            .forward(
+                &TokenBatch::single(seq),
+                &ForwardOptions::with_hidden_states(HiddenStates::All),
+            )
+            .unwrap();
+        let logits: Vec<f32> = out
+            .logits
+            .clone()
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let v = logits.len() / seq.len();
+        for p in 0..seq.len() {
+            let row = &logits[p * v..(p + 1) * v];
+            let max = row.iter().fold(f64::NEG_INFINITY, |m, z| m.max(*z as f64));
+            let lse = max
+                + row
+                    .iter()
+                    .map(|z| (*z as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            for j in 0..4 {
+                let idx = s.indices[p * 4 + j] as usize;
+                let want = row[idx] as f64 - lse;
+                assert!((s.logprobs[p * 4 + j] as f64 - want).abs() < 1e-5);
+            }
+            let best = (0..v).max_by(|a, b| row[*a].total_cmp(&row[*b])).unwrap();
+            assert_eq!(s.indices[p * 4] as usize, best);
+        }
+        assert_eq!(s.hidden_states.len(), layers.len());
+        for (h, l) in s.hidden_states.iter().zip(&layers) {
+            assert_eq!((h.layer, h.dim, h.values.len()), (*l, dim, seq.len() * dim));
+            let want: Vec<f32> = out
+                .hidden_state(*l)
+                .unwrap()
+                .clone()
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap();
+            let diff = h
+                .values
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-5, "layer {l}: {diff}");
+        }
+    }
+    let err = t
+        .score_with(
+            &seqs,
+            &ScoreOptions {
+                top_k: 4,
+                hidden_layers: vec![99],
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("hidden layer 99"), "{err}");
+}
+
+#[test]
+fn replicas_share_the_prompts_and_agree_with_one_teacher() {
+    use kd_teacher::ReplicatedTeacher;
+    let ps = prompts(7);
+    let params = SamplingParams {
+        max_new_tokens: 5,
+        temperature: 0.7,
+        top_k: 30,
+        seed: 3,
+        ..SamplingParams::default()
+    };
+    let one = teacher(2).generate(&ps, &params).unwrap();
+    let many = ReplicatedTeacher::new(vec![teacher(2), teacher(2), teacher(2)]).unwrap();
+    let got = many.generate(&ps, &params).unwrap();
+    assert_eq!(
+        got.iter().map(|g| &g.ids).collect::<Vec<_>>(),
+        one.iter().map(|g| &g.ids).collect::<Vec<_>>()
+    );
+    let seqs: Vec<Vec<u32>> = ps.iter().map(|p| p.ids.clone()).collect();
+    let a = teacher(2).score(&seqs, 3).unwrap();
+    let b = many.score(&seqs, 3).unwrap();
+    assert_eq!(
+        a.iter().map(|s| &s.indices).collect::<Vec<_>>(),
+        b.iter().map(|s| &s.indices).collect::<Vec<_>>()
+    );
+    assert!(ReplicatedTeacher::<kd_teacher::LocalTeacher>::new(vec![]).is_err());
+}
