@@ -1,4 +1,5 @@
-//! The on-disk teacher cache: completions in JSONL shards, each written atomically, under a
+//! The on-disk teacher caches: completions in JSONL shards (and scores in safetensors
+//! shards, [`ScoreCache`]), each written atomically, under a
 //! manifest keyed by what determines them (teacher files, chat template, sampling parameters,
 //! prompts). A run killed midway resumes at the first missing shard, so no prompt is lost or
 //! generated twice; a cache made with other settings is refused with the differences.
@@ -11,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Result, TeacherError};
 use crate::local::{Prompt, Teacher};
-use crate::types::{Generation, SamplingParams};
+use crate::types::{Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
 
 /// The manifest file of a cache directory.
 pub const MANIFEST: &str = "manifest.json";
@@ -127,39 +128,7 @@ impl GenerationCache {
     /// Opens `dir` for `manifest`: creates it, or checks that an existing cache was made with
     /// the same settings.
     pub fn open(dir: &Path, manifest: CacheManifest) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| TeacherError::io(dir, e))?;
-        let path = dir.join(MANIFEST);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                let existing: CacheManifest =
-                    serde_json::from_str(&text).map_err(|e| TeacherError::Format {
-                        path: path.clone(),
-                        message: format!("invalid manifest: {e}"),
-                    })?;
-                if existing != manifest {
-                    let a = serde_json::to_value(&existing).expect("serialises");
-                    let b = serde_json::to_value(&manifest).expect("serialises");
-                    let mut diffs = Vec::new();
-                    for (k, v) in b.as_object().expect("object") {
-                        if a.get(k) != Some(v) {
-                            diffs.push(format!(
-                                "{k} (cache {} vs now {v})",
-                                a.get(k).cloned().unwrap_or_default()
-                            ));
-                        }
-                    }
-                    return Err(TeacherError::CacheMismatch {
-                        path: dir.to_path_buf(),
-                        differences: diffs.join(", "),
-                    });
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let text = serde_json::to_string_pretty(&manifest).expect("serialises");
-                write_atomic(&path, text.as_bytes())?;
-            }
-            Err(e) => return Err(TeacherError::io(&path, e)),
-        }
+        open_manifest(dir, &manifest)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             manifest,
@@ -256,6 +225,275 @@ impl GenerationCache {
             });
         }
         Ok(all)
+    }
+}
+
+/// Creates `dir` with `manifest`, or checks that the manifest there equals it (listing the
+/// fields that differ).
+fn open_manifest<M>(dir: &Path, manifest: &M) -> Result<()>
+where
+    M: Serialize + serde::de::DeserializeOwned + PartialEq,
+{
+    std::fs::create_dir_all(dir).map_err(|e| TeacherError::io(dir, e))?;
+    let path = dir.join(MANIFEST);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let existing: M = serde_json::from_str(&text).map_err(|e| TeacherError::Format {
+                path: path.clone(),
+                message: format!("invalid manifest (another kind of cache?): {e}"),
+            })?;
+            if existing != *manifest {
+                let a = serde_json::to_value(&existing).expect("serialises");
+                let b = serde_json::to_value(manifest).expect("serialises");
+                let mut diffs = Vec::new();
+                for (k, v) in b.as_object().expect("object") {
+                    if a.get(k) != Some(v) {
+                        diffs.push(format!(
+                            "{k} (cache {} vs now {v})",
+                            a.get(k).cloned().unwrap_or_default()
+                        ));
+                    }
+                }
+                return Err(TeacherError::CacheMismatch {
+                    path: dir.to_path_buf(),
+                    differences: diffs.join(", "),
+                });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let text = serde_json::to_string_pretty(manifest).expect("serialises");
+            write_atomic(&path, text.as_bytes())
+        }
+        Err(e) => Err(TeacherError::io(&path, e)),
+    }
+}
+
+/// What determines a score cache's contents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreCacheManifest {
+    /// Format version.
+    pub version: u32,
+    /// The teacher (see [`model_fingerprint`]).
+    pub teacher: String,
+    /// Top-k and hidden layers.
+    pub options: ScoreOptions,
+    /// SHA-256 of every sequence, in order.
+    pub sequences: String,
+    /// Number of sequences.
+    pub count: usize,
+    /// Sequences per shard.
+    pub shard_size: usize,
+}
+
+/// SHA-256 of token sequences.
+pub fn sequences_hash(sequences: &[Vec<u32>]) -> String {
+    let mut h = Sha256::new();
+    for s in sequences {
+        h.update((s.len() as u64).to_le_bytes());
+        for t in s {
+            h.update(t.to_le_bytes());
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A cache directory of teacher scores (top-k log-probs and hidden states): shards in
+/// safetensors (`lengths` [n] u32, `indices` [positions, k] u32, `logprobs` [positions, k]
+/// f32, `hidden.{layer}` [positions, dim] f32), each written atomically.
+#[derive(Debug, Clone)]
+pub struct ScoreCache {
+    dir: PathBuf,
+    manifest: ScoreCacheManifest,
+}
+
+impl ScoreCache {
+    /// Opens `dir` for `manifest` (creating it, or checking an existing one).
+    pub fn open(dir: &Path, manifest: ScoreCacheManifest) -> Result<Self> {
+        open_manifest(dir, &manifest)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            manifest,
+        })
+    }
+
+    fn shard_path(&self, s: usize) -> PathBuf {
+        self.dir.join(format!("scores-{s:05}.safetensors"))
+    }
+
+    /// Scores of every sequence: shards on disk are read, the others computed by `teacher`
+    /// and written before the next starts.
+    pub fn score(
+        &self,
+        teacher: &dyn Teacher,
+        sequences: &[Vec<u32>],
+        mut progress: impl FnMut(CacheProgress),
+    ) -> Result<Vec<Scores>> {
+        if sequences.len() != self.manifest.count
+            || sequences_hash(sequences) != self.manifest.sequences
+        {
+            return Err(TeacherError::CacheMismatch {
+                path: self.dir.clone(),
+                differences: "the sequences differ from the manifest's".into(),
+            });
+        }
+        let size = self.manifest.shard_size.max(1);
+        let shards = sequences.len().div_ceil(size);
+        let mut all = Vec::with_capacity(sequences.len());
+        for (s, chunk) in sequences.chunks(size).enumerate() {
+            let path = self.shard_path(s);
+            let reused = path.is_file();
+            let scores = if reused {
+                self.read_shard(&path, chunk)?
+            } else {
+                let scores = teacher.score_with(chunk, &self.manifest.options)?;
+                write_atomic(&path, &self.encode(&scores)?)?;
+                scores
+            };
+            all.extend(scores);
+            progress(CacheProgress {
+                shards_done: s + 1,
+                shards,
+                prompts_done: all.len(),
+                reused,
+            });
+        }
+        Ok(all)
+    }
+
+    fn encode(&self, scores: &[Scores]) -> Result<Vec<u8>> {
+        use safetensors::tensor::{Dtype, TensorView};
+        let k = self.manifest.options.top_k;
+        let positions: usize = scores.iter().map(|s| s.len).sum();
+        let lengths: Vec<u8> = scores
+            .iter()
+            .flat_map(|s| (s.len as u32).to_le_bytes())
+            .collect();
+        let indices: Vec<u8> = scores
+            .iter()
+            .flat_map(|s| s.indices.iter().flat_map(|i| i.to_le_bytes()))
+            .collect();
+        let logprobs: Vec<u8> = scores
+            .iter()
+            .flat_map(|s| s.logprobs.iter().flat_map(|v| v.to_le_bytes()))
+            .collect();
+        let mut hidden = Vec::new();
+        for (j, layer) in self.manifest.options.hidden_layers.iter().enumerate() {
+            let dim = scores.first().map_or(0, |s| s.hidden_states[j].dim);
+            let bytes: Vec<u8> = scores
+                .iter()
+                .flat_map(|s| {
+                    s.hidden_states[j]
+                        .values
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                })
+                .collect();
+            hidden.push((format!("hidden.{layer}"), dim, bytes));
+        }
+        fn view<'a>(
+            dir: &Path,
+            dtype: Dtype,
+            shape: Vec<usize>,
+            data: &'a [u8],
+        ) -> Result<TensorView<'a>> {
+            TensorView::new(dtype, shape, data).map_err(|e| TeacherError::Format {
+                path: dir.to_path_buf(),
+                message: format!("cannot encode scores: {e}"),
+            })
+        }
+        let dir = self.dir.as_path();
+        let mut tensors = vec![
+            (
+                "lengths".to_string(),
+                view(dir, Dtype::U32, vec![scores.len()], &lengths)?,
+            ),
+            (
+                "indices".to_string(),
+                view(dir, Dtype::U32, vec![positions, k], &indices)?,
+            ),
+            (
+                "logprobs".to_string(),
+                view(dir, Dtype::F32, vec![positions, k], &logprobs)?,
+            ),
+        ];
+        for (name, dim, bytes) in &hidden {
+            tensors.push((
+                name.clone(),
+                view(dir, Dtype::F32, vec![positions, *dim], bytes)?,
+            ));
+        }
+        safetensors::serialize(tensors, None).map_err(|e| TeacherError::Format {
+            path: self.dir.clone(),
+            message: format!("cannot encode scores: {e}"),
+        })
+    }
+
+    fn read_shard(&self, path: &Path, expected: &[Vec<u32>]) -> Result<Vec<Scores>> {
+        let bytes = std::fs::read(path).map_err(|e| TeacherError::io(path, e))?;
+        let bad = |m: String| TeacherError::Format {
+            path: path.to_path_buf(),
+            message: m,
+        };
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let get = |name: &str| {
+            st.tensor(name)
+                .map_err(|e| bad(format!("tensor `{name}`: {e}")))
+        };
+        let words = |data: &[u8]| -> Vec<u32> {
+            data.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect()
+        };
+        let floats = |data: &[u8]| -> Vec<f32> {
+            data.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect()
+        };
+        let lengths = words(get("lengths")?.data());
+        let want: Vec<u32> = expected.iter().map(|s| s.len() as u32).collect();
+        if lengths != want {
+            return Err(bad(format!(
+                "sequence lengths {lengths:?} where {want:?} were expected"
+            )));
+        }
+        let k = self.manifest.options.top_k;
+        let positions: usize = want.iter().map(|l| *l as usize).sum();
+        let indices = words(get("indices")?.data());
+        let logprobs = floats(get("logprobs")?.data());
+        if indices.len() != positions * k || logprobs.len() != positions * k {
+            return Err(bad(format!("top-k tensors are not [{positions}, {k}]")));
+        }
+        let mut hidden = Vec::new();
+        for layer in &self.manifest.options.hidden_layers {
+            let t = get(&format!("hidden.{layer}"))?;
+            let dim = t.shape().get(1).copied().unwrap_or(0);
+            if t.shape() != [positions, dim] {
+                return Err(bad(format!("hidden.{layer} has shape {:?}", t.shape())));
+            }
+            hidden.push((*layer, dim, floats(t.data())));
+        }
+        let mut out = Vec::with_capacity(expected.len());
+        let mut at = 0;
+        for len in want.iter().map(|l| *l as usize) {
+            out.push(Scores {
+                len,
+                k,
+                indices: indices[at * k..(at + len) * k].to_vec(),
+                logprobs: logprobs[at * k..(at + len) * k].to_vec(),
+                hidden_states: hidden
+                    .iter()
+                    .map(|(layer, dim, v)| LayerHidden {
+                        layer: *layer,
+                        dim: *dim,
+                        values: v[at * dim..(at + len) * dim].to_vec(),
+                    })
+                    .collect(),
+            });
+            at += len;
+        }
+        Ok(out)
     }
 }
 

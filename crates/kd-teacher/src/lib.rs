@@ -25,8 +25,8 @@ mod types;
 mod wire;
 
 pub use cache::{
-    CacheManifest, CacheProgress, GenerationCache, MANIFEST, model_fingerprint, prompts_hash,
-    template_hash,
+    CacheManifest, CacheProgress, GenerationCache, MANIFEST, ScoreCache, ScoreCacheManifest,
+    model_fingerprint, prompts_hash, sequences_hash, template_hash,
 };
 pub use error::{Result, TeacherError};
 pub use local::{LocalTeacher, Prompt, ReplicatedTeacher, Teacher, stream_seed};

@@ -122,3 +122,82 @@ fn mismatching_cache_is_refused() {
     // The same manifest reopens.
     GenerationCache::open(dir.path(), manifest(18)).unwrap();
 }
+
+/// Counts the sequences a teacher is asked to score.
+struct Counting<'a> {
+    inner: &'a kd_teacher::LocalTeacher,
+    scored: std::cell::Cell<usize>,
+}
+
+impl Teacher for Counting<'_> {
+    fn generate(
+        &self,
+        prompts: &[kd_teacher::Prompt],
+        params: &SamplingParams,
+    ) -> kd_teacher::Result<Vec<kd_teacher::Generation>> {
+        self.inner.generate(prompts, params)
+    }
+
+    fn score_with(
+        &self,
+        sequences: &[Vec<u32>],
+        options: &kd_teacher::ScoreOptions,
+    ) -> kd_teacher::Result<Vec<kd_teacher::Scores>> {
+        self.scored.set(self.scored.get() + sequences.len());
+        self.inner.score_with(sequences, options)
+    }
+
+    fn fingerprint(&self) -> String {
+        self.inner.fingerprint()
+    }
+}
+
+#[test]
+fn score_cache_round_trips_exactly_and_recomputes_only_missing_shards() {
+    use kd_teacher::{ScoreCache, ScoreCacheManifest, ScoreOptions, sequences_hash};
+    let dir = tempfile::tempdir().unwrap();
+    let local = teacher(3);
+    let seqs: Vec<Vec<u32>> = prompts(7).into_iter().map(|p| p.ids).collect();
+    let options = ScoreOptions {
+        top_k: 6,
+        hidden_layers: vec![0, 2],
+    };
+    let manifest = ScoreCacheManifest {
+        version: 1,
+        teacher: local.fingerprint(),
+        options: options.clone(),
+        sequences: sequences_hash(&seqs),
+        count: seqs.len(),
+        shard_size: 3,
+    };
+    let direct = local.score_with(&seqs, &options).unwrap();
+    let counting = Counting {
+        inner: &local,
+        scored: std::cell::Cell::new(0),
+    };
+    let cache = ScoreCache::open(dir.path(), manifest.clone()).unwrap();
+    assert_eq!(cache.score(&counting, &seqs, |_| {}).unwrap(), direct);
+    assert_eq!(counting.scored.get(), 7);
+    // Everything from disk, bit for bit.
+    let again = ScoreCache::open(dir.path(), manifest.clone()).unwrap();
+    assert_eq!(again.score(&counting, &seqs, |_| {}).unwrap(), direct);
+    assert_eq!(counting.scored.get(), 7);
+    // A lost shard is recomputed, alone.
+    std::fs::remove_file(dir.path().join("scores-00001.safetensors")).unwrap();
+    assert_eq!(again.score(&counting, &seqs, |_| {}).unwrap(), direct);
+    assert_eq!(counting.scored.get(), 10);
+    // Other options: refused, saying which.
+    let other = ScoreCacheManifest {
+        options: ScoreOptions::top_k(6),
+        ..manifest
+    };
+    let err = ScoreCache::open(dir.path(), other).unwrap_err().to_string();
+    assert!(err.contains("options"), "{err}");
+    // A corrupt shard names the file.
+    std::fs::write(dir.path().join("scores-00000.safetensors"), b"junk").unwrap();
+    let err = again
+        .score(&counting, &seqs, |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("scores-00000.safetensors"), "{err}");
+}
