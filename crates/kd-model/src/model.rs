@@ -55,16 +55,16 @@ impl Attention {
         let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, d]).swap_dims(1, 2);
         let q = apply_rotary(
-            heads(self.q_proj.forward(x.clone(), module_seed(seed, 0)), h),
+            heads(project(&self.q_proj, x.clone(), module_seed(seed, 0)), h),
             cos,
             sin,
         );
         let k = apply_rotary(
-            heads(self.k_proj.forward(x.clone(), module_seed(seed, 1)), kv),
+            heads(project(&self.k_proj, x.clone(), module_seed(seed, 1)), kv),
             cos,
             sin,
         );
-        let v = heads(self.v_proj.forward(x, module_seed(seed, 2)), kv);
+        let v = heads(project(&self.v_proj, x, module_seed(seed, 2)), kv);
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, k, v),
             None => (k, v),
@@ -88,7 +88,8 @@ impl Attention {
                 is_causal: false,
             },
         );
-        self.o_proj.forward(
+        project(
+            &self.o_proj,
             out.swap_dims(1, 2).reshape([b, s, h * d]),
             module_seed(seed, 3),
         )
@@ -121,9 +122,9 @@ pub struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
-        let gate = silu(self.gate_proj.forward(x.clone(), module_seed(seed, 4)));
-        let up = self.up_proj.forward(x, module_seed(seed, 5));
-        self.down_proj.forward(gate * up, module_seed(seed, 6))
+        let gate = silu(project(&self.gate_proj, x.clone(), module_seed(seed, 4)));
+        let up = project(&self.up_proj, x, module_seed(seed, 5));
+        project(&self.down_proj, gate * up, module_seed(seed, 6))
     }
 }
 
@@ -478,6 +479,28 @@ impl Llama {
         }
         linear(x, weight.transpose(), None)
     }
+}
+
+/// A projection `[batch, seq, in] → [batch, seq, out]`; a few rows of plain f32 on the CPU
+/// (decoding) take the skinny kernel for the base weight, everything else Burn's matmul.
+fn project(p: &LoraLinear, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
+    let [b, s, d] = x.dims();
+    if b * s <= skinny::MAX_ROWS {
+        let weight = p.base.weight.val();
+        let flat = x.clone().reshape([b * s, d]);
+        if skinny::applies(&flat, &weight) {
+            let out = weight.dims()[1];
+            let mut y = skinny::skinny_matmul(flat, weight).reshape([b, s, out]);
+            if let Some(bias) = &p.base.bias {
+                y = y + bias.val().reshape([1, 1, out]);
+            }
+            if let Some(adapter) = &p.adapter {
+                y = y + adapter.forward(x, seed);
+            }
+            return y;
+        }
+    }
+    p.forward(x, seed)
 }
 
 /// The untied LM head, stored as checkpoints store it: `[vocab, hidden]`.

@@ -1,7 +1,9 @@
-//! A matmul for few rows against the vocabulary matrix (decoding: `[batch, hidden] ·
-//! [vocab, hidden]ᵀ`) on the CPU backend. A general GEMM packs the whole right-hand matrix on
-//! every call, which for a handful of rows costs more than the product; this kernel streams
-//! the matrix once, row by row (dot products with lane accumulators), blocks in parallel.
+//! Matmuls for few rows (decoding) on the CPU backend: against the vocabulary matrix
+//! (`[batch, hidden] · [vocab, hidden]ᵀ`) and against projection weights in Burn's `[in, out]`
+//! layout. A general GEMM packs the whole right-hand matrix on every call, which for a
+//! handful of rows costs more than the product; these kernels stream the matrix once, in
+//! blocks in parallel, with register accumulators. Each output is a sequential FMA chain over
+//! the inner dimension, so a row's result does not depend on the other rows of the batch.
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Flex, backend_extension};
@@ -18,6 +20,122 @@ const BLOCK: usize = 512;
 pub trait SkinnyMatmulBackend: Backend {
     /// `x [rows, k] · eᵀ` with `e [n, k]` (a tied embedding used as the LM head).
     fn skinny_matmul_t(x: FloatTensor<Self>, e: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `x [rows, k] · w` with `w [k, n]` (a projection in Burn's layout).
+    fn skinny_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+/// Columns per parallel task of [`skinny_matmul_host`].
+const STRIP: usize = 64;
+
+/// Scalar `x · w` for columns `j0..j0 + nb` into `acc [rows, nb]`.
+fn axpy_strip(x: &[f32], w: &[f32], k: usize, n: usize, j0: usize, nb: usize, acc: &mut [f32]) {
+    let rows = x.len() / k;
+    for r in 0..rows {
+        for j in 0..nb {
+            let mut sum = 0f32;
+            for i in 0..k {
+                sum = x[r * k + i].mul_add(w[i * n + j0 + j], sum);
+            }
+            acc[r * nb + j] = sum;
+        }
+    }
+}
+
+/// The same with AVX2/FMA: blocks of 4 rows × 16 columns in eight register accumulators;
+/// columns past a multiple of 16 take the scalar path (the same FMA chain).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+fn axpy_strip_avx2(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    n: usize,
+    j0: usize,
+    nb: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let rows = x.len() / k;
+    let vec_cols = nb / 16 * 16;
+    assert!(w.len() >= k * n && j0 + nb <= n);
+    let mut c = 0;
+    while c < vec_cols {
+        let mut r0 = 0;
+        while r0 < rows {
+            let g = (rows - r0).min(4);
+            let xr = |q: usize| &x[(r0 + q.min(g - 1)) * k..(r0 + q.min(g - 1) + 1) * k];
+            let (x0, x1, x2, x3) = (xr(0), xr(1), xr(2), xr(3));
+            let z = _mm256_setzero_ps();
+            let mut a = [z; 8];
+            for i in 0..k {
+                // `wrapping_add`: no per-load precondition checks in debug-assertion builds.
+                // SAFETY: i * n + j0 + c + 16 <= k * n <= w.len() (asserted above).
+                let (w0, w1) = unsafe {
+                    let p = w.as_ptr().wrapping_add(i * n + j0 + c);
+                    (_mm256_loadu_ps(p), _mm256_loadu_ps(p.wrapping_add(8)))
+                };
+                let b = [
+                    _mm256_broadcast_ss(&x0[i]),
+                    _mm256_broadcast_ss(&x1[i]),
+                    _mm256_broadcast_ss(&x2[i]),
+                    _mm256_broadcast_ss(&x3[i]),
+                ];
+                for q in 0..4 {
+                    a[2 * q] = _mm256_fmadd_ps(b[q], w0, a[2 * q]);
+                    a[2 * q + 1] = _mm256_fmadd_ps(b[q], w1, a[2 * q + 1]);
+                }
+            }
+            for q in 0..g {
+                let row = &mut acc[(r0 + q) * nb + c..(r0 + q) * nb + c + 16];
+                // SAFETY: `row` holds 16 floats.
+                unsafe {
+                    _mm256_storeu_ps(row.as_mut_ptr(), a[2 * q]);
+                    _mm256_storeu_ps(row.as_mut_ptr().wrapping_add(8), a[2 * q + 1]);
+                }
+            }
+            r0 += g;
+        }
+        c += 16;
+    }
+    if vec_cols < nb {
+        let mut tail = vec![0f32; rows * (nb - vec_cols)];
+        axpy_strip(x, w, k, n, j0 + vec_cols, nb - vec_cols, &mut tail);
+        let t = nb - vec_cols;
+        for r in 0..rows {
+            acc[r * nb + vec_cols..(r + 1) * nb].copy_from_slice(&tail[r * t..(r + 1) * t]);
+        }
+    }
+}
+
+/// `x [rows, k] · w` with `w [k, n]`, on host slices.
+pub fn skinny_matmul_host(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
+    let strips: Vec<usize> = (0..n).step_by(STRIP).collect();
+    let parts: Vec<Vec<f32>> = strips
+        .par_iter()
+        .map(|&j0| {
+            let nb = STRIP.min(n - j0);
+            let mut acc = vec![0f32; rows * nb];
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU supports the features the function was compiled for.
+                unsafe { axpy_strip_avx2(x, w, k, n, j0, nb, &mut acc) };
+                return acc;
+            }
+            axpy_strip(x, w, k, n, j0, nb, &mut acc);
+            acc
+        })
+        .collect();
+    let mut out = vec![0f32; rows * n];
+    for (&j0, part) in strips.iter().zip(&parts) {
+        let nb = part.len() / rows;
+        for r in 0..rows {
+            out[r * n + j0..r * n + j0 + nb].copy_from_slice(&part[r * nb..(r + 1) * nb]);
+        }
+    }
+    out
 }
 
 #[inline(always)]
@@ -79,15 +197,24 @@ fn dot_rows_avx2(x: &[f32], e: &[f32], k: usize, j0: usize, nb: usize, acc: &mut
                 _mm256_setzero_ps(),
                 _mm256_setzero_ps(),
             );
+            // `wrapping_add`, not `add`: no per-load precondition checks in builds with debug
+            // assertions (tests, the dev profile), which otherwise dominate this loop.
+            let (pe, p0, p1, p2, p3) = (
+                erow.as_ptr(),
+                x0.as_ptr(),
+                x1.as_ptr(),
+                x2.as_ptr(),
+                x3.as_ptr(),
+            );
             let mut i = 0;
             while i < full {
                 // SAFETY: i + 8 <= full <= k, the length of every slice read.
                 unsafe {
-                    let ev = _mm256_loadu_ps(erow.as_ptr().add(i));
-                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0.as_ptr().add(i)), ev, s0);
-                    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x1.as_ptr().add(i)), ev, s1);
-                    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x2.as_ptr().add(i)), ev, s2);
-                    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x3.as_ptr().add(i)), ev, s3);
+                    let ev = _mm256_loadu_ps(pe.wrapping_add(i));
+                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(p0.wrapping_add(i)), ev, s0);
+                    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(p1.wrapping_add(i)), ev, s1);
+                    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(p2.wrapping_add(i)), ev, s2);
+                    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(p3.wrapping_add(i)), ev, s3);
                 }
                 i += 8;
             }
@@ -160,6 +287,14 @@ impl SkinnyMatmulBackend for Flex {
         let out = skinny_matmul_t_host(&f32_contiguous(&x), &f32_contiguous(&e), rows, k, n);
         FlexTensor::from_data(TensorData::new(out, [rows, n]))
     }
+
+    fn skinny_matmul(x: FlexTensor, w: FlexTensor) -> FlexTensor {
+        let xs = x.layout().shape().to_vec();
+        let ws = w.layout().shape().to_vec();
+        let (rows, k, n) = (xs[0], xs[1], ws[1]);
+        let out = skinny_matmul_host(&f32_contiguous(&x), &f32_contiguous(&w), rows, k, n);
+        FlexTensor::from_data(TensorData::new(out, [rows, n]))
+    }
 }
 
 /// Whether `x · w` should take the skinny path: few rows, plain (non-autodiff) f32 tensors on
@@ -184,6 +319,16 @@ pub fn skinny_matmul_t(x: Tensor<2>, e: Tensor<2>) -> Tensor<2> {
     )
 }
 
+/// `x [rows, k] · w` (`w [k, n]`) through the extension.
+pub fn skinny_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    Tensor::from_dispatch(
+        <burn::backend::Dispatch as SkinnyMatmulBackend>::skinny_matmul(
+            x.into_dispatch(),
+            w.into_dispatch(),
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,7 +336,13 @@ mod tests {
     #[test]
     fn equals_plain_matmul() {
         let device = burn::tensor::Device::flex();
-        for (rows, k, n) in [(1, 5, 7), (8, 64, 1000), (3, 33, 513)] {
+        for (rows, k, n) in [
+            (1, 5, 7),
+            (8, 64, 1000),
+            (3, 33, 513),
+            (9, 40, 200),
+            (5, 16, 64),
+        ] {
             let x = Tensor::<2>::random(
                 [rows, k],
                 burn::tensor::Distribution::Normal(0.0, 1.0),
@@ -209,12 +360,30 @@ mod tests {
                 .try_into_vec_as()
                 .unwrap();
             let e = Tensor::<2>::from_data(w.clone().transpose().into_data(), &device);
-            let c: Vec<f32> = skinny_matmul_t(x, e).into_data().try_into_vec_as().unwrap();
+            let c: Vec<f32> = skinny_matmul_t(x.clone(), e)
+                .into_data()
+                .try_into_vec_as()
+                .unwrap();
             let d = c
                 .iter()
                 .zip(&b)
                 .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
             assert!(d < 1e-4, "transposed [{rows}, {k}, {n}]: {d}");
+            let c: Vec<f32> = skinny_matmul(x.clone(), w.clone())
+                .into_data()
+                .try_into_vec_as()
+                .unwrap();
+            let d = c
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+            assert!(d < 1e-4, "[{rows}, {k}, {n}]: {d}");
+            // A row computes the same bits alone as in the batch.
+            let first: Vec<f32> = skinny_matmul(x.clone().slice([0..1, 0..k]), w)
+                .into_data()
+                .try_into_vec_as()
+                .unwrap();
+            assert_eq!(first, c[..n].to_vec(), "[{rows}, {k}, {n}] row 0 alone");
         }
     }
 }
