@@ -128,6 +128,13 @@ impl GenerationCache {
     /// Opens `dir` for `manifest`: creates it, or checks that an existing cache was made with
     /// the same settings.
     pub fn open(dir: &Path, manifest: CacheManifest) -> Result<Self> {
+        if !manifest.sampling.hidden_layers.is_empty() {
+            return Err(TeacherError::Config(
+                "the generation cache keeps ids and text only: cache hidden states with a \
+                 ScoreCache over prompt + completion"
+                    .into(),
+            ));
+        }
         open_manifest(dir, &manifest)?;
         Ok(Self {
             dir: dir.to_path_buf(),

@@ -198,10 +198,25 @@ impl LocalTeacher {
                 results[*i] = Some(g);
             }
         }
-        Ok(results
+        let mut out: Vec<Generation> = results
             .into_iter()
             .map(|g| g.expect("every prompt was generated"))
-            .collect())
+            .collect();
+        if !params.hidden_layers.is_empty() {
+            let seqs: Vec<Vec<u32>> = prompts
+                .iter()
+                .zip(&out)
+                .map(|((ids, _), g)| ids.iter().chain(&g.ids).copied().collect())
+                .collect();
+            let options = ScoreOptions {
+                top_k: 1,
+                hidden_layers: params.hidden_layers.clone(),
+            };
+            for (g, s) in out.iter_mut().zip(self.score_with(&seqs, &options)?) {
+                g.hidden_states = s.hidden_states;
+            }
+        }
+        Ok(out)
     }
 
     /// The batch size.

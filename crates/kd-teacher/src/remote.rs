@@ -174,6 +174,13 @@ impl RemoteTeacher {
         params: &SamplingParams,
     ) -> Result<Vec<Generation>> {
         params.validate()?;
+        if !params.hidden_layers.is_empty() {
+            return Err(TeacherError::Config(
+                "hidden states are not fetched from remote teachers yet: leave \
+                 `hidden_layers` empty, or use a local teacher"
+                    .into(),
+            ));
+        }
         for p in prompts {
             if p.ids.is_empty() {
                 return Err(TeacherError::Input(format!("prompt {} is empty", p.index)));
@@ -515,6 +522,7 @@ pub(crate) fn parse_sgl_generation(
         text: r.text,
         finish_reason,
         logprobs,
+        hidden_states: Vec::new(),
     })
 }
 
@@ -658,6 +666,7 @@ pub(crate) fn parse_oai_generation(
         text: c.text,
         finish_reason,
         logprobs,
+        hidden_states: Vec::new(),
     })
 }
 

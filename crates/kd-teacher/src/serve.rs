@@ -290,6 +290,7 @@ async fn sgl_generate(
         seed: 0,
         stop_token_ids: sp.stop_token_ids.clone().unwrap_or_default(),
         return_logprobs: req.return_logprob,
+        hidden_layers: Vec::new(),
     };
     let top_k = (req.return_logprob && req.top_logprobs_num > 0).then_some(req.top_logprobs_num);
     let single = matches!(req.input_ids, crate::wire::OneOrMany::One(_));
@@ -378,6 +379,7 @@ async fn oai_completions(
         seed: 0,
         stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
         return_logprobs: req.logprobs.is_some(),
+        hidden_layers: Vec::new(),
     };
     let top_k = req.logprobs.filter(|k| *k > 0);
     let prompts = req.prompt.into_vec();

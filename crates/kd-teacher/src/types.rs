@@ -24,6 +24,10 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Return the log-probability of each generated token.
     pub return_logprobs: bool,
+    /// Return these hidden states (indexed as transformers' `output_hidden_states`) over
+    /// prompt and completion, computed by one forward pass over both after decoding.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hidden_layers: Vec<usize>,
 }
 
 impl Default for SamplingParams {
@@ -36,6 +40,7 @@ impl Default for SamplingParams {
             seed: 0,
             stop_token_ids: Vec::new(),
             return_logprobs: false,
+            hidden_layers: Vec::new(),
         }
     }
 }
@@ -79,6 +84,10 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     /// Log-probability of each generated token under the teacher (if asked).
     pub logprobs: Option<Vec<f32>>,
+    /// Hidden states over prompt + completion of the layers asked for
+    /// ([`SamplingParams::hidden_layers`]), in that order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden_states: Vec<LayerHidden>,
 }
 
 impl Generation {
@@ -89,6 +98,7 @@ impl Generation {
             text: None,
             finish_reason: FinishReason::Length,
             logprobs: with_logprobs.then(Vec::new),
+            hidden_states: Vec::new(),
         }
     }
 }

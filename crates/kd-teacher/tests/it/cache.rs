@@ -121,6 +121,13 @@ fn mismatching_cache_is_refused() {
     );
     // The same manifest reopens.
     GenerationCache::open(dir.path(), manifest(18)).unwrap();
+    // Hidden states belong in a ScoreCache.
+    let mut hidden = manifest(18);
+    hidden.sampling.hidden_layers = vec![1];
+    let e = GenerationCache::open(dir.path(), hidden)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ScoreCache"), "{e}");
 }
 
 /// Counts the sequences a teacher is asked to score.

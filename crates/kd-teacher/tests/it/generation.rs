@@ -260,23 +260,7 @@ fn scores_match_a_plain_forward_pass_with_hidden_states() {
             assert_eq!(s.indices[p * 4] as usize, best);
         }
         assert_eq!(s.hidden_states.len(), layers.len());
-        for (h, l) in s.hidden_states.iter().zip(&layers) {
-            assert_eq!((h.layer, h.dim, h.values.len()), (*l, dim, seq.len() * dim));
-            let want: Vec<f32> = out
-                .hidden_state(*l)
-                .unwrap()
-                .clone()
-                .into_data()
-                .try_to_vec::<f32>()
-                .unwrap();
-            let diff = h
-                .values
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(diff < 1e-5, "layer {l}: {diff}");
-        }
+        check_hidden(&s.hidden_states, &layers, &out, seq.len() * dim);
     }
     let err = t
         .score_with(
@@ -316,4 +300,70 @@ fn replicas_share_the_prompts_and_agree_with_one_teacher() {
         b.iter().map(|s| &s.indices).collect::<Vec<_>>()
     );
     assert!(ReplicatedTeacher::<kd_teacher::LocalTeacher>::new(vec![]).is_err());
+}
+
+#[test]
+fn generation_returns_hidden_states_over_prompt_and_completion() {
+    use kd_model::{ForwardOptions, HiddenStates, TokenBatch};
+    let t = teacher(2);
+    let ps = prompts(3);
+    let last = t.model().config().num_hidden_layers;
+    let params = SamplingParams {
+        max_new_tokens: 4,
+        stop_token_ids: vec![9999],
+        hidden_layers: vec![last, 1],
+        ..SamplingParams::default()
+    };
+    let gens = t.generate(&ps, &params).unwrap();
+    let dim = t.model().config().hidden_size;
+    for (p, g) in ps.iter().zip(&gens) {
+        let seq: Vec<u32> = p.ids.iter().chain(&g.ids).copied().collect();
+        let out = t
+            .model()
+            .forward(
+                &TokenBatch::single(&seq),
+                &ForwardOptions::with_hidden_states(HiddenStates::All),
+            )
+            .unwrap();
+        assert_eq!(g.hidden_states.len(), 2);
+        check_hidden(&g.hidden_states, &[last, 1], &out, seq.len() * dim);
+    }
+    // Without asking: none.
+    let plain = t
+        .generate(
+            &ps,
+            &SamplingParams {
+                hidden_layers: Vec::new(),
+                ..params
+            },
+        )
+        .unwrap();
+    assert!(plain.iter().all(|g| g.hidden_states.is_empty()));
+}
+
+/// The hidden states returned equal the plain forward pass's (≤ 1e-5), layer by layer.
+fn check_hidden(
+    got: &[kd_teacher::LayerHidden],
+    layers: &[usize],
+    out: &kd_model::ModelOutput,
+    numel: usize,
+) {
+    assert_eq!(got.len(), layers.len());
+    for (h, l) in got.iter().zip(layers) {
+        assert_eq!((h.layer, h.values.len()), (*l, numel));
+        let want: Vec<f32> = out
+            .hidden_state(*l)
+            .unwrap()
+            .clone()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let diff = h
+            .values
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-5, "layer {l}: {diff}");
+    }
 }

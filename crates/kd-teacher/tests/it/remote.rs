@@ -299,6 +299,16 @@ fn errors_are_clear_and_refusals_are_not_retried() {
         matches!(err, TeacherError::Protocol { .. }) && err.to_string().contains("vocabulary"),
         "{err}"
     );
+    // Hidden states are not fetched remotely: said, not ignored.
+    let hidden = SamplingParams {
+        hidden_layers: vec![1],
+        ..greedy()
+    };
+    let msg = keyed(RemoteApi::Sglang)
+        .generate(&prompts(1), &hidden)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("hidden states"), "{msg}");
     // With the key everything works.
     assert_same(
         &keyed(RemoteApi::Openai)
