@@ -37,10 +37,20 @@ struct Args {
     /// Python with torch + transformers + peft for the PyTorch column.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Keep freed memory in the allocator (`kd_train::retain_freed_memory`) here, and the
+    /// same glibc settings (GLIBC_TUNABLES) for the PyTorch process.
+    #[arg(long)]
+    retain_freed_memory: bool,
 }
+
+/// glibc tunables equal to what `kd_train::retain_freed_memory` sets.
+const RETAIN_TUNABLES: &str = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647";
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if args.retain_freed_memory && !kd_train::retain_freed_memory() {
+        bail!("--retain-freed-memory needs glibc");
+    }
     let device = parse_device("cpu")?;
     device.seed(0);
     let config = LlamaConfig::bench_155m();
@@ -114,7 +124,11 @@ fn main() -> Result<()> {
         last_loss
     );
     if let Some(py) = args.python {
-        let status = Command::new(py)
+        let mut cmd = Command::new(py);
+        if args.retain_freed_memory {
+            cmd.env("GLIBC_TUNABLES", RETAIN_TUNABLES);
+        }
+        let status = cmd
             .arg("benches/train_step_pytorch.py")
             .args(["--batch", &b.to_string(), "--seq", &s.to_string()])
             .args([

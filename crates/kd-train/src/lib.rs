@@ -18,6 +18,7 @@
 mod checkpoint;
 mod config;
 mod error;
+mod memory;
 mod metrics;
 mod optim;
 mod schedule;
@@ -30,6 +31,7 @@ pub use checkpoint::{
 };
 pub use config::{SchedulerType, TrainConfig, TrainMode};
 pub use error::{Result, TrainError};
+pub use memory::retain_freed_memory;
 pub use metrics::{LogRecord, NoopObserver, TensorBoard, TextLog, TrainObserver, crc32c};
 pub use optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
 pub use schedule::learning_rate;
