@@ -13,7 +13,9 @@ import time
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
+
+from bench_model import bench_config
 
 p = argparse.ArgumentParser()
 p.add_argument("--batch", type=int, default=4)
@@ -24,11 +26,7 @@ p.add_argument("--threads", type=int, default=2)
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
-config = LlamaConfig(
-    vocab_size=128256, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-    num_attention_heads=8, num_key_value_heads=4, rope_theta=500000.0,
-    max_position_embeddings=2048, tie_word_embeddings=False, rms_norm_eps=1e-5,
-)
+config = bench_config()
 model = LlamaForCausalLM(config)
 model = get_peft_model(model, LoraConfig(
     r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",

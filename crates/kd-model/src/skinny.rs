@@ -108,34 +108,59 @@ fn axpy_strip_avx2(
     }
 }
 
-/// `x [rows, k] · w` with `w [k, n]`, on host slices.
-pub fn skinny_matmul_host(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
-    let strips: Vec<usize> = (0..n).step_by(STRIP).collect();
-    let parts: Vec<Vec<f32>> = strips
+/// Output `[rows, n]` computed in column blocks of `block` in parallel: `kernel(j0, nb, acc)`
+/// fills `acc [rows, nb]` for columns `j0..j0 + nb`.
+fn par_column_blocks(
+    rows: usize,
+    n: usize,
+    block: usize,
+    kernel: impl Fn(usize, usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let starts: Vec<usize> = (0..n).step_by(block).collect();
+    let parts: Vec<Vec<f32>> = starts
         .par_iter()
         .map(|&j0| {
-            let nb = STRIP.min(n - j0);
+            let nb = block.min(n - j0);
             let mut acc = vec![0f32; rows * nb];
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the CPU supports the features the function was compiled for.
-                unsafe { axpy_strip_avx2(x, w, k, n, j0, nb, &mut acc) };
-                return acc;
-            }
-            axpy_strip(x, w, k, n, j0, nb, &mut acc);
+            kernel(j0, nb, &mut acc);
             acc
         })
         .collect();
     let mut out = vec![0f32; rows * n];
-    for (&j0, part) in strips.iter().zip(&parts) {
-        let nb = part.len() / rows;
+    for (&j0, part) in starts.iter().zip(&parts) {
+        let nb = part.len() / rows.max(1);
         for r in 0..rows {
             out[r * n + j0..r * n + j0 + nb].copy_from_slice(&part[r * nb..(r + 1) * nb]);
         }
     }
     out
+}
+
+/// Whether the AVX2/FMA kernels can run here.
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `x [rows, k] · w` with `w [k, n]`, on host slices.
+pub fn skinny_matmul_host(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
+    let simd = has_avx2_fma();
+    par_column_blocks(rows, n, STRIP, |j0, nb, acc| {
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            unsafe { axpy_strip_avx2(x, w, k, n, j0, nb, acc) };
+            return;
+        }
+        let _ = simd;
+        axpy_strip(x, w, k, n, j0, nb, acc);
+    })
 }
 
 #[inline(always)]
@@ -236,32 +261,17 @@ fn dot_rows_avx2(x: &[f32], e: &[f32], k: usize, j0: usize, nb: usize, acc: &mut
 
 /// `x [rows, k] · eᵀ` with `e [n, k]`, on host slices.
 pub fn skinny_matmul_t_host(x: &[f32], e: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
-    let blocks: Vec<usize> = (0..n).step_by(BLOCK).collect();
-    let parts: Vec<Vec<f32>> = blocks
-        .par_iter()
-        .map(|&j0| {
-            let nb = BLOCK.min(n - j0);
-            let mut acc = vec![0f32; rows * nb];
-            #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the CPU supports the features the function was compiled for.
-                unsafe { dot_rows_avx2(x, e, k, j0, nb, &mut acc) };
-                return acc;
-            }
-            dot_rows(x, e, k, j0, nb, &mut acc);
-            acc
-        })
-        .collect();
-    let mut out = vec![0f32; rows * n];
-    for (&j0, part) in blocks.iter().zip(&parts) {
-        let nb = part.len() / rows;
-        for r in 0..rows {
-            out[r * n + j0..r * n + j0 + nb].copy_from_slice(&part[r * nb..(r + 1) * nb]);
+    let simd = has_avx2_fma();
+    par_column_blocks(rows, n, BLOCK, |j0, nb, acc| {
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: the CPU supports the features the function was compiled for.
+            unsafe { dot_rows_avx2(x, e, k, j0, nb, acc) };
+            return;
         }
-    }
-    out
+        let _ = simd;
+        dot_rows(x, e, k, j0, nb, acc);
+    })
 }
 
 fn f32_contiguous(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {

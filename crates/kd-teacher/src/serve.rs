@@ -138,22 +138,39 @@ fn run_group(teacher: &LocalTeacher, params: &SamplingParams, group: Vec<Job>) {
             return;
         }
     };
-    for (job, generation) in group.into_iter().zip(generated) {
-        let scores = match job.top_k {
-            Some(k) => {
-                let mut seq = job.ids.clone();
-                seq.extend_from_slice(&generation.ids);
-                match teacher.score(&[seq], k) {
-                    Ok(mut s) => s.pop(),
-                    Err(e) => {
-                        let _ = job.reply.send(Err(e));
-                        continue;
-                    }
+    // Scores over prompt ++ output, one batched pass per distinct top-k.
+    let mut scores: Vec<Option<Result<Scores>>> = group.iter().map(|_| None).collect();
+    let mut ks: Vec<usize> = group.iter().filter_map(|j| j.top_k).collect();
+    ks.sort_unstable();
+    ks.dedup();
+    for k in ks {
+        let members: Vec<usize> = (0..group.len())
+            .filter(|i| group[*i].top_k == Some(k))
+            .collect();
+        let seqs: Vec<Vec<u32>> = members
+            .iter()
+            .map(|i| [group[*i].ids.as_slice(), &generated[*i].ids].concat())
+            .collect();
+        match teacher.score(&seqs, k) {
+            Ok(s) => {
+                for (i, s) in members.iter().zip(s) {
+                    scores[*i] = Some(Ok(s));
                 }
             }
-            None => None,
+            Err(e) => {
+                let msg = e.to_string();
+                for i in members {
+                    scores[i] = Some(Err(TeacherError::Serve(msg.clone())));
+                }
+            }
+        }
+    }
+    for ((job, generation), scores) in group.into_iter().zip(generated).zip(scores) {
+        let reply = match scores.transpose() {
+            Ok(scores) => Ok(JobResult { generation, scores }),
+            Err(e) => Err(e),
         };
-        let _ = job.reply.send(Ok(JobResult { generation, scores }));
+        let _ = job.reply.send(reply);
     }
 }
 
