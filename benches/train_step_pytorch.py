@@ -23,10 +23,13 @@ p.add_argument("--seq", type=int, default=256)
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--threads", type=int, default=2)
+p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default 128256)")
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
 config = bench_config()
+if args.vocab:
+    config.vocab_size = args.vocab
 model = LlamaForCausalLM(config)
 model = get_peft_model(model, LoraConfig(
     r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
@@ -36,17 +39,26 @@ model.train()
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4, weight_decay=0.01, eps=1e-8)
 ids = torch.randint(0, config.vocab_size, (args.batch, args.seq))
 times = []
+phases = ([], [], [])
 for i in range(args.warmup + args.steps):
     t = time.perf_counter()
     loss = model(input_ids=ids, labels=ids).loss
+    t_forward = time.perf_counter() - t
     loss.backward()
+    t_backward = time.perf_counter() - t
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
     if i >= args.warmup:
-        times.append(time.perf_counter() - t)
+        total = time.perf_counter() - t
+        times.append(total)
+        phases[0].append(t_forward)
+        phases[1].append(t_backward - t_forward)
+        phases[2].append(total - t_backward)
 median = statistics.median(times)
+t_f, t_b, t_o = (statistics.median(p) for p in phases)
 with open("/proc/self/status") as f:
     hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) * 1024
 print(f"pytorch: median step {median:.3f} s, {args.batch * args.seq / median:.1f} tokens/s, "
       f"peak RSS {hwm / 1e9:.2f} GB, loss {loss.item():.4f} (torch {torch.__version__})")
+print(f"pytorch: forward {t_f:.3f} s, backward {t_b:.3f} s, optimizer {t_o:.3f} s (medians)")

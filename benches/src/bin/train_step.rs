@@ -34,6 +34,10 @@ struct Args {
     /// Timed steps.
     #[arg(long, default_value_t = 10)]
     steps: usize,
+    /// Vocabulary size (default: the bench model's 128256); a small one isolates the cost of
+    /// the LM head and loss from the transformer body.
+    #[arg(long)]
+    vocab: Option<usize>,
     /// Python with torch + transformers + peft for the PyTorch column.
     #[arg(long)]
     python: Option<PathBuf>,
@@ -53,7 +57,10 @@ fn main() -> Result<()> {
     }
     let device = parse_device("cpu")?;
     device.seed(0);
-    let config = LlamaConfig::bench_155m();
+    let mut config = LlamaConfig::bench_155m();
+    if let Some(v) = args.vocab {
+        config.vocab_size = v;
+    }
     let lora = LoraConfig {
         r: 16,
         alpha: 32.0,
@@ -100,20 +107,31 @@ fn main() -> Result<()> {
     };
     let mut opt = AdamW::default();
     let mut times = Vec::new();
+    let mut phases = [Vec::new(), Vec::new(), Vec::new()];
     let mut last_loss = 0.0;
     for i in 0..args.warmup + args.steps {
         let t = Instant::now();
         let l = loss_fn.loss(&model, &batch, n, i as u64)?;
         last_loss = l.total.clone().into_scalar::<f32>();
+        let t_forward = t.elapsed().as_secs_f64();
         let grads = GradientsParams::from_grads(l.total.backward(), &model);
+        let t_backward = t.elapsed().as_secs_f64();
         let norm = global_grad_norm(&model, &grads);
         model = opt.step(model, &grads, params, 2e-4, clip_coefficient(norm, 1.0));
         if i >= args.warmup {
-            times.push(t.elapsed().as_secs_f64());
+            let total = t.elapsed().as_secs_f64();
+            times.push(total);
+            phases[0].push(t_forward);
+            phases[1].push(t_backward - t_forward);
+            phases[2].push(total - t_backward);
         }
     }
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let [f, bw, o] = phases.each_mut().map(median);
+    let median = median(&mut times);
     let tokens = (b * s) as f64;
     let peak = proc_status_bytes("VmHWM").unwrap_or(0) as f64 / 1e9;
     println!(
@@ -123,6 +141,7 @@ fn main() -> Result<()> {
         peak,
         last_loss
     );
+    println!("ours:    forward {f:.3} s, backward {bw:.3} s, optimizer {o:.3} s (medians)");
     if let Some(py) = args.python {
         let mut cmd = Command::new(py);
         if args.retain_freed_memory {
@@ -131,6 +150,7 @@ fn main() -> Result<()> {
         let status = cmd
             .arg("benches/train_step_pytorch.py")
             .args(["--batch", &b.to_string(), "--seq", &s.to_string()])
+            .args(["--vocab", &config.vocab_size.to_string()])
             .args([
                 "--warmup",
                 &args.warmup.to_string(),

@@ -61,7 +61,9 @@ pub trait FusedLossBackend: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
-fn f32_view(t: &FlexTensor) -> Cow<'_, [f32]> {
+/// The elements of a CPU tensor as contiguous row-major f32: borrowed when the tensor already
+/// is, copied (and converted) otherwise. For host kernels over flex tensors.
+pub fn f32_view(t: &FlexTensor) -> Cow<'_, [f32]> {
     let n = t.layout().num_elements();
     if t.dtype() == DType::F32 && t.is_contiguous() && t.layout().start_offset() == 0 {
         Cow::Borrowed(&t.storage::<f32>()[..n])

@@ -39,6 +39,7 @@ mod shift;
 
 pub use config::{KdConfig, KdObjective, SparseStudent};
 pub use error::{LossError, Result};
+pub use fused::f32_view;
 pub use hidden::{HiddenProjection, hidden_mse};
 pub use loss::{
     KernelPath, LossOutput, LossStats, Teacher, cross_entropy, cross_entropy_with, kd_loss,

@@ -34,6 +34,7 @@ mod device;
 mod error;
 mod lora;
 mod model;
+pub mod ops;
 mod rope;
 mod skinny;
 mod weights;

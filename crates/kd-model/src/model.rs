@@ -17,6 +17,7 @@ use crate::batch::{ForwardOptions, HiddenStates, TokenBatch};
 use crate::cache::KvCache;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::ops;
 use crate::rope::{Rope, apply_rotary};
 use crate::skinny;
 
@@ -69,25 +70,31 @@ impl Attention {
             Some((cache, layer)) => cache.append(layer, k, v),
             None => (k, v),
         };
-        // Flex's attention kernel shares K/V heads natively; autodiff's fallback needs them
-        // repeated (transformers' `repeat_kv`).
-        let (k, v) = if q.is_autodiff() && h != kv {
-            (repeat_kv(k, h / kv), repeat_kv(v, h / kv))
+        let scale = 1.0 / (d as f64).sqrt();
+        let out = if q.is_autodiff() && ops::applies(&q.device(), q.dtype()) {
+            // Training on the CPU: one fused kernel forward and backward (K/V heads shared).
+            ops::fused_attention(q, k, v, mask, scale)
         } else {
-            (k, v)
+            // Flex's attention kernel shares K/V heads natively; autodiff's fallback needs them
+            // repeated (transformers' `repeat_kv`).
+            let (k, v) = if q.is_autodiff() && h != kv {
+                (repeat_kv(k, h / kv), repeat_kv(v, h / kv))
+            } else {
+                (k, v)
+            };
+            attention(
+                q,
+                k,
+                v,
+                Some(mask.clone()),
+                None,
+                AttentionModuleOptions {
+                    scale: Some(scale),
+                    softcap: None,
+                    is_causal: false,
+                },
+            )
         };
-        let out = attention(
-            q,
-            k,
-            v,
-            Some(mask.clone()),
-            None,
-            AttentionModuleOptions {
-                scale: Some(1.0 / (d as f64).sqrt()),
-                softcap: None,
-                is_causal: false,
-            },
-        );
         project(
             &self.o_proj,
             out.swap_dims(1, 2).reshape([b, s, h * d]),
@@ -122,9 +129,14 @@ pub struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
-        let gate = silu(project(&self.gate_proj, x.clone(), module_seed(seed, 4)));
+        let gate = project(&self.gate_proj, x.clone(), module_seed(seed, 4));
         let up = project(&self.up_proj, x, module_seed(seed, 5));
-        project(&self.down_proj, gate * up, module_seed(seed, 6))
+        let act = if ops::applies(&gate.device(), gate.dtype()) {
+            ops::fused_swiglu(gate, up)
+        } else {
+            silu(gate) * up
+        };
+        project(&self.down_proj, act, module_seed(seed, 6))
     }
 }
 
@@ -500,7 +512,10 @@ fn project(p: &LoraLinear, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
             return y;
         }
     }
-    p.forward(x, seed)
+    // One [b·s, in] matrix: a single GEMM over all rows (threaded inside) instead of a batch
+    // of b small ones, and a weight gradient without a reduction over the batch.
+    let out = p.base.weight.dims()[1];
+    p.forward(x.reshape([b * s, d]), seed).reshape([b, s, out])
 }
 
 /// The untied LM head, stored as checkpoints store it: `[vocab, hidden]`.

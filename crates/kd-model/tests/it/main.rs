@@ -6,6 +6,7 @@ mod util;
 mod autodiff;
 mod generation;
 mod lora;
+mod ops;
 mod parity;
 mod tokenizer;
 mod weights;

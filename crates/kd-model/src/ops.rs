@@ -1,0 +1,642 @@
+//! Fused CPU training kernels: masked attention and SwiGLU, each one forward pass and one
+//! backward pass on host memory, handed to autodiff as Burn backend extensions (the flex
+//! backend, with or without autodiff over it).
+//!
+//! Burn's attention under autodiff falls back to a graph of matmul, mask, max, exp, sum and
+//! div ops (with the key/value heads repeated for grouped-query attention), and its SiLU is
+//! `x · exp(−ln(1 + e^−x))`: on the bench model these two took about 60% of the time of the
+//! transformer body. Here attention runs per (batch, KV head) with the query heads of the group
+//! sharing K and V, keeps the softmax probabilities for the backward pass (the memory Burn's
+//! graph keeps anyway), and the exponentials are the vectorised ones of `kd_loss`.
+//!
+//! Other devices and dtypes take Burn's own ops ([`applies`]).
+
+use std::sync::Arc;
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{AutodiffBackend, Backend, Flex, backend_extension};
+use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_flex::FlexTensor;
+use gemm::{Parallelism, gemm};
+use kd_loss::f32_view;
+use kd_loss::kernels::math::{self, exp};
+use rayon::prelude::*;
+
+/// The mask and scale of one attention call.
+#[derive(Debug, Clone)]
+pub struct AttentionJob {
+    /// `[batch, seq, keys]`, `true` = masked out (shared by all heads).
+    pub mask: Arc<[bool]>,
+    /// Multiplier of `q · k`.
+    pub scale: f32,
+}
+
+/// Fused training kernels as a Burn backend extension.
+#[backend_extension(Flex, Autodiff)]
+pub trait TrainOpsBackend: Backend {
+    /// Masked softmax attention with grouped K/V heads: `q [b, h, s, d]`, `k`, `v`
+    /// `[b, kv, t, d]` → `(out [b, h, s, d], probabilities [b, h, s, t])`.
+    fn masked_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        job: AttentionJob,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gradients `(dq, dk, dv)` of [`masked_attention`](Self::masked_attention) given the
+    /// probabilities it returned and the gradient of its output.
+    fn masked_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        probs: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        job: AttentionJob,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `silu(gate) · up`, elementwise.
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// The gradients `(dgate, dup)` of [`swiglu`](Self::swiglu).
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// Whether the fused kernels serve a tensor on `device` with `dtype` (the CPU backend, f32).
+pub fn applies(device: &Device, dtype: DType) -> bool {
+    dtype == DType::F32 && device.clone().without_autodiff() == Device::flex()
+}
+
+/// Masked attention through the fused kernels (see [`TrainOpsBackend::masked_attention`]);
+/// `mask` is `[batch, 1, seq, keys]` with `true` = masked. Fully masked rows give zeros.
+pub fn fused_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    mask: &Tensor<4, Bool>,
+    scale: f64,
+) -> Tensor<4> {
+    let [b, _, s, t] = mask.dims();
+    let mask: Vec<bool> = mask
+        .clone()
+        .into_data()
+        .convert::<bool>()
+        .try_into_vec::<bool>()
+        .expect("bool mask");
+    debug_assert_eq!(mask.len(), b * s * t);
+    let job = AttentionJob {
+        mask: mask.into(),
+        scale: scale as f32,
+    };
+    let (out, _) = <burn::backend::Dispatch as TrainOpsBackend>::masked_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        job,
+    );
+    Tensor::from_dispatch(out)
+}
+
+/// `silu(gate) · up` through the fused kernels.
+pub fn fused_swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as TrainOpsBackend>::swiglu(
+        gate.into_dispatch(),
+        up.into_dispatch(),
+    ))
+}
+
+fn dims4(t: &FlexTensor) -> [usize; 4] {
+    let shape = t.layout().shape().to_vec();
+    shape.try_into().expect("a rank-4 tensor")
+}
+
+fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// `dst [m, n] = beta · lhs [m, k] · rhs [k, n] (+ dst when accumulate)`, each operand given
+/// by its pointer and (row, column) strides; single-threaded (callers run heads in parallel).
+///
+/// # Safety
+/// Every index `(i, j)` inside the shapes must be in bounds of its buffer under its strides.
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    (lhs_rs, lhs_cs): (usize, usize),
+    rhs: *const f32,
+    (rhs_rs, rhs_cs): (usize, usize),
+    beta: f32,
+) {
+    // SAFETY: the caller guarantees the strided ranges are in bounds.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs,
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs,
+            rhs_cs as isize,
+            rhs_rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            beta,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// Whether the AVX2/FMA builds of the elementwise kernels can run here.
+fn simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Defines `$name(simd, args..)`: the body compiled twice, for AVX2/FMA (chosen at run time)
+/// and for the baseline target. Plain `*` and `+` only, so both give the same bits.
+macro_rules! dispatch {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$doc])*
+        fn $name(simd: bool, $($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($($arg: $ty),*) {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: the caller checked that the CPU has AVX2 and FMA.
+                unsafe { avx2($($arg),*) };
+                return;
+            }
+            let _ = simd;
+            body($($arg),*)
+        }
+    };
+}
+
+dispatch! {
+    /// Softmax of rows of `t` scores in place; masked entries and fully masked rows give 0.
+    fn masked_softmax_rows(p: &mut [f32], mask: &[bool], t: usize) {
+        for (row, mrow) in p.chunks_exact_mut(t).zip(mask.chunks_exact(t)) {
+            for (x, m) in row.iter_mut().zip(mrow) {
+                if *m {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            let max = math::max(row);
+            if max == f32::NEG_INFINITY {
+                row.fill(0.0);
+                continue;
+            }
+            for x in row.iter_mut() {
+                *x = exp(*x - max);
+            }
+            let sum = math::sum_map(row, |x| x);
+            for x in row.iter_mut() {
+                *x /= sum;
+            }
+        }
+    }
+}
+
+dispatch! {
+    /// dS = P ⊙ (dP − Σ_j P dP) · scale per row (the softmax backward, then the score scale),
+    /// in place of dP.
+    fn softmax_backward_rows(ds: &mut [f32], probs: &[f32], t: usize, scale: f32) {
+        for (drow, prow) in ds.chunks_exact_mut(t).zip(probs.chunks_exact(t)) {
+            let dot = math::sum_map2(drow, prow, |a, b| a * b);
+            for (x, p) in drow.iter_mut().zip(prow) {
+                *x = p * (*x - dot) * scale;
+            }
+        }
+    }
+}
+
+struct AttnDims {
+    b: usize,
+    h: usize,
+    kv: usize,
+    s: usize,
+    t: usize,
+    d: usize,
+}
+
+fn attention_dims(q: &FlexTensor, k: &FlexTensor) -> AttnDims {
+    let [b, h, s, d] = dims4(q);
+    let [_, kv, t, _] = dims4(k);
+    AttnDims { b, h, kv, s, t, d }
+}
+
+fn attention_forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[bool],
+    scale: f32,
+    n: &AttnDims,
+) -> (Vec<f32>, Vec<f32>) {
+    let AttnDims { b, h, kv, s, t, d } = *n;
+    let groups = h / kv;
+    let simd = simd();
+    let mut out = vec![0f32; b * h * s * d];
+    let mut probs = vec![0f32; b * h * s * t];
+    out.par_chunks_mut(s * d)
+        .zip(probs.par_chunks_mut(s * t))
+        .enumerate()
+        .for_each(|(bh, (o, p))| {
+            let (bi, hi) = (bh / h, bh % h);
+            let g = bi * kv + hi / groups;
+            let qh = &q[bh * s * d..][..s * d];
+            let kh = &k[g * t * d..][..t * d];
+            let vh = &v[g * t * d..][..t * d];
+            let mh = &mask[bi * s * t..][..s * t];
+            // SAFETY: shapes and strides describe exactly the slices above.
+            unsafe {
+                // scores = scale · Q Kᵀ
+                matmul(
+                    (s, t, d),
+                    p.as_mut_ptr(),
+                    t,
+                    false,
+                    qh.as_ptr(),
+                    (d, 1),
+                    kh.as_ptr(),
+                    (1, d),
+                    scale,
+                );
+            }
+            masked_softmax_rows(simd, p, mh, t);
+            // SAFETY: as above.
+            unsafe {
+                matmul(
+                    (s, d, t),
+                    o.as_mut_ptr(),
+                    d,
+                    false,
+                    p.as_ptr(),
+                    (t, 1),
+                    vh.as_ptr(),
+                    (d, 1),
+                    1.0,
+                );
+            }
+        });
+    (out, probs)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    probs: &[f32],
+    dout: &[f32],
+    scale: f32,
+    n: &AttnDims,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let AttnDims { b, h, kv, s, t, d } = *n;
+    let groups = h / kv;
+    let simd = simd();
+    let mut dq = vec![0f32; b * h * s * d];
+    let mut dk = vec![0f32; b * kv * t * d];
+    let mut dv = vec![0f32; b * kv * t * d];
+    // One task per (batch, KV head): the query heads of a group add into the same dK, dV.
+    dq.par_chunks_mut(groups * s * d)
+        .zip(dk.par_chunks_mut(t * d))
+        .zip(dv.par_chunks_mut(t * d))
+        .enumerate()
+        .for_each(|(bg, ((dqg, dkg), dvg))| {
+            let bi = bg / kv;
+            let kh = &k[bg * t * d..][..t * d];
+            let vh = &v[bg * t * d..][..t * d];
+            let mut ds = vec![0f32; s * t];
+            for j in 0..groups {
+                let bh = bi * h + (bg % kv) * groups + j;
+                let ph = &probs[bh * s * t..][..s * t];
+                let doh = &dout[bh * s * d..][..s * d];
+                let qh = &q[bh * s * d..][..s * d];
+                let dqh = &mut dqg[j * s * d..][..s * d];
+                // SAFETY: shapes and strides describe exactly the slices above.
+                unsafe {
+                    // dV += Pᵀ dO
+                    matmul(
+                        (t, d, s),
+                        dvg.as_mut_ptr(),
+                        d,
+                        j > 0,
+                        ph.as_ptr(),
+                        (1, t),
+                        doh.as_ptr(),
+                        (d, 1),
+                        1.0,
+                    );
+                    // dP = dO Vᵀ
+                    matmul(
+                        (s, t, d),
+                        ds.as_mut_ptr(),
+                        t,
+                        false,
+                        doh.as_ptr(),
+                        (d, 1),
+                        vh.as_ptr(),
+                        (1, d),
+                        1.0,
+                    );
+                }
+                softmax_backward_rows(simd, &mut ds, ph, t, scale);
+                // SAFETY: as above.
+                unsafe {
+                    // dQ = dS K
+                    matmul(
+                        (s, d, t),
+                        dqh.as_mut_ptr(),
+                        d,
+                        false,
+                        ds.as_ptr(),
+                        (t, 1),
+                        kh.as_ptr(),
+                        (d, 1),
+                        1.0,
+                    );
+                    // dK += dSᵀ Q
+                    matmul(
+                        (t, d, s),
+                        dkg.as_mut_ptr(),
+                        d,
+                        j > 0,
+                        ds.as_ptr(),
+                        (1, t),
+                        qh.as_ptr(),
+                        (d, 1),
+                        1.0,
+                    );
+                }
+            }
+        });
+    (dq, dk, dv)
+}
+
+/// Elements per parallel task of the SwiGLU kernels.
+const SWIGLU_CHUNK: usize = 1 << 14;
+
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+dispatch! {
+    /// `out = silu(gate) · up`.
+    fn swiglu_chunk(out: &mut [f32], gate: &[f32], up: &[f32]) {
+        for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g * sigmoid(*g) * u;
+        }
+    }
+}
+
+dispatch! {
+    /// The gradients of `silu(gate) · up` given the output gradient `dout`.
+    fn swiglu_grad_chunk(dg: &mut [f32], du: &mut [f32], gate: &[f32], up: &[f32], dout: &[f32]) {
+        for ((((dg, du), g), u), go) in dg.iter_mut().zip(du.iter_mut()).zip(gate).zip(up).zip(dout) {
+            let sg = sigmoid(*g);
+            *du = go * g * sg;
+            *dg = go * u * sg * (1.0 + g * (1.0 - sg));
+        }
+    }
+}
+
+fn swiglu_forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let simd = simd();
+    let mut out = vec![0f32; gate.len()];
+    out.par_chunks_mut(SWIGLU_CHUNK)
+        .zip(gate.par_chunks(SWIGLU_CHUNK))
+        .zip(up.par_chunks(SWIGLU_CHUNK))
+        .for_each(|((o, g), u)| swiglu_chunk(simd, o, g, u));
+    out
+}
+
+fn swiglu_grads(gate: &[f32], up: &[f32], dout: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let simd = simd();
+    let mut dg = vec![0f32; gate.len()];
+    let mut du = vec![0f32; gate.len()];
+    dg.par_chunks_mut(SWIGLU_CHUNK)
+        .zip(du.par_chunks_mut(SWIGLU_CHUNK))
+        .zip(gate.par_chunks(SWIGLU_CHUNK))
+        .zip(
+            up.par_chunks(SWIGLU_CHUNK)
+                .zip(dout.par_chunks(SWIGLU_CHUNK)),
+        )
+        .for_each(|(((dg, du), g), (u, go))| swiglu_grad_chunk(simd, dg, du, g, u, go));
+    (dg, du)
+}
+
+impl TrainOpsBackend for Flex {
+    fn masked_attention(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        job: AttentionJob,
+    ) -> (FlexTensor, FlexTensor) {
+        let n = attention_dims(&q, &k);
+        let (out, probs) =
+            attention_forward(&f32_view(&q), &f32_view(&k), &f32_view(&v), &job.mask, job.scale, &n);
+        (
+            flex(out, vec![n.b, n.h, n.s, n.d]),
+            flex(probs, vec![n.b, n.h, n.s, n.t]),
+        )
+    }
+
+    fn masked_attention_backward(
+        q: FlexTensor,
+        k: FlexTensor,
+        v: FlexTensor,
+        probs: FlexTensor,
+        dout: FlexTensor,
+        job: AttentionJob,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let n = attention_dims(&q, &k);
+        let (dq, dk, dv) = attention_backward(
+            &f32_view(&q),
+            &f32_view(&k),
+            &f32_view(&v),
+            &f32_view(&probs),
+            &f32_view(&dout),
+            job.scale,
+            &n,
+        );
+        (
+            flex(dq, vec![n.b, n.h, n.s, n.d]),
+            flex(dk, vec![n.b, n.kv, n.t, n.d]),
+            flex(dv, vec![n.b, n.kv, n.t, n.d]),
+        )
+    }
+
+    fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
+        let shape = gate.layout().shape().to_vec();
+        flex(swiglu_forward(&f32_view(&gate), &f32_view(&up)), shape)
+    }
+
+    fn swiglu_backward(
+        gate: FlexTensor,
+        up: FlexTensor,
+        dout: FlexTensor,
+    ) -> (FlexTensor, FlexTensor) {
+        let shape = gate.layout().shape().to_vec();
+        let (dg, du) = swiglu_grads(&f32_view(&gate), &f32_view(&up), &f32_view(&dout));
+        (flex(dg, shape.clone()), flex(du, shape))
+    }
+}
+
+impl<B: Backend + TrainOpsBackend, C: CheckpointStrategy> TrainOpsBackend for Autodiff<B, C> {
+    fn masked_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        job: AttentionJob,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        #[derive(Debug)]
+        struct AttentionBackward;
+
+        impl<B: Backend + TrainOpsBackend> Backward<B, 3> for AttentionBackward {
+            type State = (
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                AttentionJob,
+            );
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (q, k, v, probs, job) = ops.state;
+                let dout = grads.consume::<B>(&ops.node);
+                let (dq, dk, dv) = B::masked_attention_backward(q, k, v, probs, dout, job);
+                for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        let guards = [q.node(), k.node(), v.node()];
+        let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
+        let (out, probs) = B::masked_attention(q.clone(), k.clone(), v.clone(), job.clone());
+        let out = match AttentionBackward
+            .prepare::<C>(guards)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((q, k, v, probs.clone(), job), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, <Self as AutodiffBackend>::from_inner(probs))
+    }
+
+    fn masked_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        probs: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        job: AttentionJob,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dq, dk, dv) = B::masked_attention_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            probs.into_primitive(),
+            dout.into_primitive(),
+            job,
+        );
+        (
+            <Self as AutodiffBackend>::from_inner(dq),
+            <Self as AutodiffBackend>::from_inner(dk),
+            <Self as AutodiffBackend>::from_inner(dv),
+        )
+    }
+
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct SwigluBackward;
+
+        impl<B: Backend + TrainOpsBackend> Backward<B, 2> for SwigluBackward {
+            type State = (FloatTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (gate, up) = ops.state;
+                let dout = grads.consume::<B>(&ops.node);
+                let (dg, du) = B::swiglu_backward(gate, up, dout);
+                for (parent, grad) in ops.parents.into_iter().zip([dg, du]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        let guards = [gate.node(), up.node()];
+        let (gate, up) = (gate.into_primitive(), up.into_primitive());
+        let out = B::swiglu(gate.clone(), up.clone());
+        match SwigluBackward
+            .prepare::<C>(guards)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((gate, up), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dg, du) = B::swiglu_backward(
+            gate.into_primitive(),
+            up.into_primitive(),
+            dout.into_primitive(),
+        );
+        (
+            <Self as AutodiffBackend>::from_inner(dg),
+            <Self as AutodiffBackend>::from_inner(du),
+        )
+    }
+}

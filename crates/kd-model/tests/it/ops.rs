@@ -1,0 +1,145 @@
+//! The fused CPU training kernels (`kd_model::ops`) against Burn's own composite ops: values
+//! and gradients, grouped K/V heads, padding masks with fully masked rows.
+
+use burn::tensor::activation::silu;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Tensor, TensorData};
+use kd_model::ops::{fused_attention, fused_swiglu};
+
+use crate::util::cpu;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        })
+        .collect()
+}
+
+fn leaf<const D: usize>(shape: [usize; D], seed: u64) -> Tensor<D> {
+    let n = shape.iter().product();
+    Tensor::from_data(TensorData::new(values(n, seed), shape), &cpu().autodiff()).require_grad()
+}
+
+fn flat<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
+fn assert_close(what: &str, ours: &[f32], reference: &[f32], tol: f32) {
+    assert_eq!(ours.len(), reference.len(), "{what}");
+    let d = ours
+        .iter()
+        .zip(reference)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(d <= tol, "{what}: max |Δ| = {d:e}");
+}
+
+fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
+    let [b, kv, t, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .expand([b, kv, groups, t, d])
+        .reshape([b, kv * groups, t, d])
+}
+
+#[test]
+fn attention_matches_burn_with_grouped_heads_and_padding() {
+    let (b, h, kv, s, d) = (2, 4, 2, 7, 8);
+    // Row 0: causal with two left-padding slots (its first two queries see nothing); row 1:
+    // causal, plus one masked key in the middle.
+    let mut mask = vec![false; b * s * s];
+    for r in 0..b {
+        for i in 0..s {
+            for j in 0..s {
+                let pad = r == 0 && j < 2;
+                let hole = r == 1 && j == 3 && i > 3;
+                mask[(r * s + i) * s + j] = j > i || pad || hole;
+            }
+        }
+    }
+    let mask = Tensor::<4, Bool>::from_data(TensorData::new(mask, [b, 1, s, s]), &cpu().autodiff());
+    let scale = 1.0 / (d as f64).sqrt();
+    let run = |fused: bool| {
+        let (q, k, v) = (
+            leaf([b, h, s, d], 1),
+            leaf([b, kv, s, d], 2),
+            leaf([b, kv, s, d], 3),
+        );
+        let out = if fused {
+            fused_attention(q.clone(), k.clone(), v.clone(), &mask, scale)
+        } else {
+            attention(
+                q.clone(),
+                repeat_kv(k.clone(), h / kv),
+                repeat_kv(v.clone(), h / kv),
+                Some(mask.clone()),
+                None,
+                AttentionModuleOptions {
+                    scale: Some(scale),
+                    softcap: None,
+                    is_causal: false,
+                },
+            )
+        };
+        // A loss that weighs every output element differently.
+        let w = Tensor::<4>::from_data(
+            TensorData::new(values(b * h * s * d, 4), [b, h, s, d]),
+            &out.device(),
+        );
+        let grads = (out.clone() * w).sum().backward();
+        let g = |t: &Tensor<4>| flat(t.grad(&grads).expect("gradient"));
+        (flat(out), g(&q), g(&k), g(&v))
+    };
+    let (out, dq, dk, dv) = run(true);
+    let (ref_out, ref_dq, ref_dk, ref_dv) = run(false);
+    assert_close("attention output", &out, &ref_out, 1e-5);
+    assert_close("dq", &dq, &ref_dq, 1e-4);
+    assert_close("dk", &dk, &ref_dk, 1e-4);
+    assert_close("dv", &dv, &ref_dv, 1e-4);
+    // The fully masked query rows (row 0, positions 0 and 1) give zeros, as Burn's do.
+    for head in 0..h {
+        for i in 0..2 {
+            let at = (head * s + i) * d;
+            assert!(out[at..at + d].iter().all(|x| *x == 0.0));
+        }
+    }
+}
+
+#[test]
+fn swiglu_matches_silu_times_up() {
+    // Large enough for several parallel chunks and a ragged tail.
+    let shape = [3, 5, 4099];
+    let run = |fused: bool| {
+        let (g, u) = (leaf(shape, 5), leaf(shape, 6));
+        let out = if fused {
+            fused_swiglu(g.clone(), u.clone())
+        } else {
+            silu(g.clone()) * u.clone()
+        };
+        let w = Tensor::<3>::from_data(
+            TensorData::new(values(shape.iter().product(), 7), shape),
+            &out.device(),
+        );
+        let grads = (out.clone() * w).sum().backward();
+        (
+            flat(out),
+            flat(g.grad(&grads).expect("gate gradient")),
+            flat(u.grad(&grads).expect("up gradient")),
+        )
+    };
+    let (out, dg, du) = run(true);
+    let (ref_out, ref_dg, ref_du) = run(false);
+    assert_close("swiglu output", &out, &ref_out, 1e-5);
+    assert_close("d gate", &dg, &ref_dg, 1e-5);
+    assert_close("d up", &du, &ref_du, 1e-5);
+    // Plain (non-autodiff) tensors take the same kernel.
+    let plain = fused_swiglu(
+        leaf(shape, 5).without_autodiff(),
+        leaf(shape, 6).without_autodiff(),
+    );
+    assert_eq!(flat(plain), out);
+}
