@@ -271,19 +271,24 @@ pub(crate) fn run(
         return_grad,
     );
     let loss = Tensor::<1>::from_dispatch(loss);
+    let stats = read_stats(stats);
+    let grad = return_grad.then(|| Tensor::<2>::from_dispatch(grad));
+    (loss, stats, grad)
+}
+
+/// The `[loss_sum, acceptance_sum, top1, counted, nonfinite]` tensor of a fused call.
+pub(crate) fn read_stats(stats: FloatTensor<burn::backend::Dispatch>) -> BatchStats {
     let stats: Vec<f32> = Tensor::<1>::from_dispatch(stats)
         .into_data()
         .try_into_vec_as::<f32>()
         .expect("f32 stats");
-    let stats = BatchStats {
+    BatchStats {
         loss_sum: stats[0] as f64,
         acceptance_sum: stats[1] as f64,
         top1: stats[2] as usize,
         counted: stats[3] as usize,
         nonfinite: stats[4] as usize,
-    };
-    let grad = return_grad.then(|| Tensor::<2>::from_dispatch(grad));
-    (loss, stats, grad)
+    }
 }
 
 /// The teacher as the public API passes it to the fused path.

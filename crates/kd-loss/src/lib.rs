@@ -33,6 +33,7 @@ mod error;
 mod fused;
 mod hidden;
 pub mod kernels;
+mod linear;
 mod loss;
 mod reference;
 mod shift;
@@ -41,6 +42,7 @@ pub use config::{KdConfig, KdObjective, SparseStudent};
 pub use error::{LossError, Result};
 pub use fused::f32_view;
 pub use hidden::{HiddenProjection, hidden_mse};
+pub use linear::linear_cross_entropy;
 pub use loss::{
     KernelPath, LossOutput, LossStats, Teacher, cross_entropy, cross_entropy_with, kd_loss,
     kd_loss_and_grad, kd_loss_with, mean_accepted_length,

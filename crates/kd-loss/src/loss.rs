@@ -54,7 +54,7 @@ pub struct LossStats {
 }
 
 impl LossStats {
-    fn from_batch(b: BatchStats) -> Self {
+    pub(crate) fn from_batch(b: BatchStats) -> Self {
         Self {
             loss_sum: b.loss_sum,
             counted: b.counted,
@@ -112,11 +112,31 @@ pub struct LossOutput {
     pub stats: LossStats,
 }
 
-fn on_flex(device: &Device) -> bool {
+pub(crate) fn on_flex(device: &Device) -> bool {
     device.clone().without_autodiff() == Device::flex()
 }
 
-fn check_normalizer(normalizer: f32) -> Result<()> {
+/// One target per row, each below the vocabulary size (negative = ignored).
+pub(crate) fn check_targets(targets: &[i64], rows: usize, vocab: usize, what: &str) -> Result<()> {
+    if targets.len() != rows {
+        return Err(LossError::Shape(format!(
+            "{} targets for {rows} rows of {what}",
+            targets.len()
+        )));
+    }
+    if let Some((r, t)) = targets
+        .iter()
+        .enumerate()
+        .find(|(_, t)| **t >= vocab as i64)
+    {
+        return Err(LossError::Input(format!(
+            "target {t} at row {r} is out of range for a vocabulary of {vocab}"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_normalizer(normalizer: f32) -> Result<()> {
     if normalizer.is_finite() && normalizer > 0.0 {
         Ok(())
     } else {
@@ -244,21 +264,7 @@ pub fn cross_entropy_with(
 ) -> Result<LossOutput> {
     check_normalizer(normalizer)?;
     let [rows, vocab] = logits.dims();
-    if targets.len() != rows {
-        return Err(LossError::Shape(format!(
-            "{} targets for {rows} rows of logits",
-            targets.len()
-        )));
-    }
-    if let Some((r, t)) = targets
-        .iter()
-        .enumerate()
-        .find(|(_, t)| **t >= vocab as i64)
-    {
-        return Err(LossError::Input(format!(
-            "target {t} at row {r} is out of range for a vocabulary of {vocab}"
-        )));
-    }
+    check_targets(targets, rows, vocab, "logits")?;
     let scale = 1.0 / normalizer;
     if use_fused(path, &logits.device())? {
         let job = FusedJob {

@@ -474,12 +474,18 @@ impl Llama {
         })
     }
 
-    /// Applies the LM head (or the tied embedding) to hidden states `[batch, seq, hidden]`.
-    pub fn lm_head_forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let weight = match &self.lm_head {
+    /// The LM head's weight `[vocab, hidden]` (the embedding matrix when tied), for losses
+    /// that fuse the head with the loss (`kd_loss::linear_cross_entropy`).
+    pub fn lm_head_weight(&self) -> Tensor<2> {
+        match &self.lm_head {
             Some(head) => head.weight.val(),
             None => self.embed_tokens.weight.val(),
-        };
+        }
+    }
+
+    /// Applies the LM head (or the tied embedding) to hidden states `[batch, seq, hidden]`.
+    pub fn lm_head_forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let weight = self.lm_head_weight();
         let [b, s, d] = x.dims();
         // Decoding: a few rows against the vocabulary matrix; a general GEMM would repack the
         // whole matrix on every call.

@@ -465,8 +465,14 @@ impl TrainOpsBackend for Flex {
         job: AttentionJob,
     ) -> (FlexTensor, FlexTensor) {
         let n = attention_dims(&q, &k);
-        let (out, probs) =
-            attention_forward(&f32_view(&q), &f32_view(&k), &f32_view(&v), &job.mask, job.scale, &n);
+        let (out, probs) = attention_forward(
+            &f32_view(&q),
+            &f32_view(&k),
+            &f32_view(&v),
+            &job.mask,
+            job.scale,
+            &n,
+        );
         (
             flex(out, vec![n.b, n.h, n.s, n.d]),
             flex(probs, vec![n.b, n.h, n.s, n.t]),

@@ -11,8 +11,8 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use kd_data::{Batch, BatchOptions, Example, collate, plan_batches};
 use kd_lora::{LoraConfig, derive_seed};
-use kd_loss::{HiddenProjection, cross_entropy, next_token_targets};
-use kd_model::{ForwardOptions, Llama, SaveDType, TokenBatch};
+use kd_loss::{HiddenProjection, linear_cross_entropy, next_token_targets};
+use kd_model::{ForwardOptions, HiddenStates, Llama, SaveDType, TokenBatch};
 use serde_json::json;
 
 use crate::checkpoint::{
@@ -89,18 +89,28 @@ impl StepLossFn for CausalLmLoss {
         normalizer: f32,
         dropout_seed: u64,
     ) -> Result<StepLoss> {
+        // The final hidden states, then the LM head fused with the loss (the logits are
+        // never materialised whole).
+        let last = model.llama.layers.len();
         let opts = ForwardOptions {
+            logits: false,
+            hidden_states: HiddenStates::Layers(vec![last]),
             dropout_seed: Some(dropout_seed),
             ..ForwardOptions::default()
         };
-        let logits = model
-            .llama
-            .forward(&token_batch(batch)?, &opts)?
-            .logits
-            .expect("logits requested");
-        let [b, s, v] = logits.dims();
+        let mut out = model.llama.forward(&token_batch(batch)?, &opts)?;
+        let (_, hidden) = out
+            .hidden_states
+            .pop()
+            .expect("final hidden state requested");
+        let [b, s, d] = hidden.dims();
         let shifted = next_token_targets(&batch.labels, b, s);
-        let ce = cross_entropy(logits.reshape([b * s, v]), &shifted.targets, normalizer)?;
+        let ce = linear_cross_entropy(
+            hidden.reshape([b * s, d]),
+            model.llama.lm_head_weight(),
+            &shifted.targets,
+            normalizer,
+        )?;
         let value = ce.stats.loss_sum / normalizer as f64 * self.weight;
         Ok(StepLoss {
             total: ce.loss * self.weight,

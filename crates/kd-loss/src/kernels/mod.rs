@@ -64,7 +64,7 @@ impl BatchStats {
         self
     }
 
-    fn merge(mut self, o: Self) -> Self {
+    pub(crate) fn merge(mut self, o: Self) -> Self {
         self.loss_sum += o.loss_sum;
         self.acceptance_sum += o.acceptance_sum;
         self.top1 += o.top1;
@@ -116,6 +116,21 @@ fn ce_row(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> Option
         return unsafe { ce_row_avx2(z, target, g, scale) };
     }
     row::ce_row(z, target, g, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn ce_row_in_place_avx2(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
+    row::ce_row_in_place(z, target, scale)
+}
+
+fn ce_row_in_place(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU supports the features the function was compiled for.
+        return unsafe { ce_row_in_place_avx2(z, target, scale) };
+    }
+    row::ce_row_in_place(z, target, scale)
 }
 
 /// KD over a batch of rows. Rows with `mask[r] == false` contribute nothing (their gradient
@@ -206,6 +221,42 @@ pub fn ce_rows(
             .enumerate()
             .for_each(|(r, out)| *out = one(r, None)),
     }
+    per_row
+        .into_iter()
+        .fold(BatchStats::default(), BatchStats::merge)
+}
+
+/// [`ce_rows`] with each row's gradient (`scale · (softmax − onehot)`, zero for ignored and
+/// non-finite rows) written over its logits.
+pub fn ce_rows_in_place(
+    logits: &mut [f32],
+    vocab: usize,
+    targets: &[i64],
+    scale: f32,
+) -> BatchStats {
+    debug_assert_eq!(logits.len(), targets.len() * vocab);
+    let mut per_row = vec![BatchStats::default(); targets.len()];
+    logits
+        .par_chunks_mut(vocab)
+        .zip(per_row.par_iter_mut())
+        .zip(targets.par_iter())
+        .for_each(|((z, out), t)| {
+            if *t < 0 {
+                z.fill(0.0);
+                return;
+            }
+            let stats = match ce_row_in_place(z, *t as usize, scale) {
+                Some(loss) => RowStats {
+                    loss,
+                    ..RowStats::default()
+                },
+                None => RowStats {
+                    nonfinite: true,
+                    ..RowStats::default()
+                },
+            };
+            *out = BatchStats::default().add(stats);
+        });
     per_row
         .into_iter()
         .fold(BatchStats::default(), BatchStats::merge)

@@ -518,6 +518,25 @@ fn gather(student: &[f32], teacher: &[f32], idx: &[u32], s: &mut Vec<f32>, t: &m
     }
 }
 
+/// [`ce_row`] with the gradient written over the logits (the same arithmetic, so the same
+/// bits as `ce_row` into a separate buffer).
+#[inline(always)]
+pub fn ce_row_in_place(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
+    let (m, _, bad) = scan(z);
+    if bad || m == f32::NEG_INFINITY {
+        z.fill(0.0);
+        return None;
+    }
+    let sum = sum_map(z, |x| exp(x - m));
+    let loss = m + ln(sum) - z[target];
+    let inv = 1.0 / sum;
+    for x in z.iter_mut() {
+        *x = scale * exp(*x - m) * inv;
+    }
+    z[target] -= scale;
+    Some(loss)
+}
+
 /// Cross-entropy of one row against `target`; `grad` receives `scale · (softmax − onehot)`.
 /// Returns `None` when the row holds NaN or +∞ (then the gradient row is zero).
 #[inline(always)]

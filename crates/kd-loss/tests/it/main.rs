@@ -3,4 +3,5 @@
 mod util;
 
 mod golden;
+mod linear;
 mod properties;
