@@ -521,7 +521,26 @@ fn project(p: &LoraLinear, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
     // One [b·s, in] matrix: a single GEMM over all rows (threaded inside) instead of a batch
     // of b small ones, and a weight gradient without a reduction over the batch.
     let out = p.base.weight.dims()[1];
-    p.forward(x.reshape([b * s, d]), seed).reshape([b, s, out])
+    let flat = x.reshape([b * s, d]);
+    let weight = p.base.weight.val();
+    if let Some(adapter) = &p.adapter
+        && p.base.bias.is_none()
+        && (adapter.dropout == 0.0 || seed.is_none())
+        && !weight.is_require_grad()
+        && ops::applies(&flat.device(), flat.dtype())
+    {
+        // Training the adapter on the CPU: one fused op, the low-rank term added into the
+        // base product's output (and its gradient into the input's).
+        let y = ops::fused_lora_linear(
+            flat,
+            weight,
+            adapter.lora_a.weight.val(),
+            adapter.lora_b.weight.val(),
+            adapter.scale,
+        );
+        return y.reshape([b, s, out]);
+    }
+    p.forward(flat, seed).reshape([b, s, out])
 }
 
 /// The untied LM head, stored as checkpoints store it: `[vocab, hidden]`.

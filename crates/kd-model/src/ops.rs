@@ -59,6 +59,30 @@ pub trait TrainOpsBackend: Backend {
         job: AttentionJob,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
+    /// A LoRA projection `x · W + scale · (x · A) · B` with `W` frozen: `x [n, in]`,
+    /// `w [in, out]`, `a [in, r]`, `b [r, out]` → `[n, out]`. Under autodiff the gradients
+    /// of `x`, `A` and `B` come from [`lora_linear_backward`](Self::lora_linear_backward).
+    fn lora_linear(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self>;
+
+    /// `(dx, dA, dB)` of [`lora_linear`](Self::lora_linear) given the output gradient; `dx`
+    /// only when `want_dx` (else a `[1]` placeholder).
+    #[allow(clippy::too_many_arguments)]
+    fn lora_linear_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        scale: f32,
+        want_dx: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
     /// `silu(gate) · up`, elementwise.
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
 
@@ -105,6 +129,25 @@ pub fn fused_attention(
     Tensor::from_dispatch(out)
 }
 
+/// A LoRA projection `x · W + scale · (x · A) · B` through the fused kernels (see
+/// [`TrainOpsBackend::lora_linear`]): one product with the frozen `W` forward, one backward,
+/// the low-rank terms added into their outputs. `W` must not require gradients.
+pub fn fused_lora_linear(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    a: Tensor<2>,
+    b: Tensor<2>,
+    scale: f64,
+) -> Tensor<2> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as TrainOpsBackend>::lora_linear(
+        x.into_dispatch(),
+        w.into_dispatch(),
+        a.into_dispatch(),
+        b.into_dispatch(),
+        scale as f32,
+    ))
+}
+
 /// `silu(gate) · up` through the fused kernels.
 pub fn fused_swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
     Tensor::from_dispatch(<burn::backend::Dispatch as TrainOpsBackend>::swiglu(
@@ -129,6 +172,40 @@ fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
 /// Every index `(i, j)` inside the shapes must be in bounds of its buffer under its strides.
 #[allow(clippy::too_many_arguments)]
 unsafe fn matmul(
+    dims: (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    lhs_strides: (usize, usize),
+    rhs: *const f32,
+    rhs_strides: (usize, usize),
+    beta: f32,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        matmul_with(
+            Parallelism::None,
+            dims,
+            dst,
+            dst_rs,
+            accumulate,
+            lhs,
+            lhs_strides,
+            rhs,
+            rhs_strides,
+            beta,
+        )
+    }
+}
+
+/// [`matmul`] with a choice of threading.
+///
+/// # Safety
+/// As [`matmul`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_with(
+    parallelism: Parallelism,
     (m, n, k): (usize, usize, usize),
     dst: *mut f32,
     dst_rs: usize,
@@ -160,7 +237,7 @@ unsafe fn matmul(
             false,
             false,
             false,
-            Parallelism::None,
+            parallelism,
         );
     }
 }
@@ -457,7 +534,229 @@ fn swiglu_grads(gate: &[f32], up: &[f32], dout: &[f32]) -> (Vec<f32>, Vec<f32>) 
     (dg, du)
 }
 
+fn dims2(t: &FlexTensor) -> [usize; 2] {
+    let shape = t.layout().shape().to_vec();
+    shape.try_into().expect("a rank-2 tensor")
+}
+
+/// Whether a product of this size is worth threading inside the GEMM.
+fn threads_for(m: usize, n: usize, k: usize) -> Parallelism {
+    if m * n * k >= 1 << 18 {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// `x · W + scale · (x · A) · B`, all row-major.
+fn lora_forward(
+    x: &[f32],
+    w: &[f32],
+    a: &[f32],
+    b: &[f32],
+    (n, din, dout, r): (usize, usize, usize, usize),
+    scale: f32,
+) -> Vec<f32> {
+    let mut y = vec![0f32; n * dout];
+    let mut t = vec![0f32; n * r];
+    // SAFETY: every operand is a contiguous row-major buffer of the shape given.
+    unsafe {
+        matmul_with(
+            threads_for(n, dout, din),
+            (n, dout, din),
+            y.as_mut_ptr(),
+            dout,
+            false,
+            x.as_ptr(),
+            (din, 1),
+            w.as_ptr(),
+            (dout, 1),
+            1.0,
+        );
+        matmul_with(
+            threads_for(n, r, din),
+            (n, r, din),
+            t.as_mut_ptr(),
+            r,
+            false,
+            x.as_ptr(),
+            (din, 1),
+            a.as_ptr(),
+            (r, 1),
+            1.0,
+        );
+        matmul_with(
+            threads_for(n, dout, r),
+            (n, dout, r),
+            y.as_mut_ptr(),
+            dout,
+            true,
+            t.as_ptr(),
+            (r, 1),
+            b.as_ptr(),
+            (dout, 1),
+            scale,
+        );
+    }
+    y
+}
+
+/// `(dx, dA, dB)` of [`lora_forward`] given `g = d y`.
+#[allow(clippy::too_many_arguments)]
+fn lora_grads(
+    x: &[f32],
+    w: &[f32],
+    a: &[f32],
+    b: &[f32],
+    g: &[f32],
+    (n, din, dout, r): (usize, usize, usize, usize),
+    scale: f32,
+    want_dx: bool,
+) -> (Option<Vec<f32>>, Vec<f32>, Vec<f32>) {
+    let mut t = vec![0f32; n * r];
+    let mut u = vec![0f32; n * r];
+    let mut da = vec![0f32; din * r];
+    let mut db = vec![0f32; r * dout];
+    let mut dx = want_dx.then(|| vec![0f32; n * din]);
+    // SAFETY: every operand is a contiguous row-major buffer of the shape given; transposes
+    // are expressed by swapped strides.
+    unsafe {
+        // t = x · A (recomputed: cheaper than keeping it), u = g · Bᵀ
+        matmul_with(
+            threads_for(n, r, din),
+            (n, r, din),
+            t.as_mut_ptr(),
+            r,
+            false,
+            x.as_ptr(),
+            (din, 1),
+            a.as_ptr(),
+            (r, 1),
+            1.0,
+        );
+        matmul_with(
+            threads_for(n, r, dout),
+            (n, r, dout),
+            u.as_mut_ptr(),
+            r,
+            false,
+            g.as_ptr(),
+            (dout, 1),
+            b.as_ptr(),
+            (1, dout),
+            1.0,
+        );
+        // dA = scale · xᵀ · u, dB = scale · tᵀ · g
+        matmul_with(
+            threads_for(din, r, n),
+            (din, r, n),
+            da.as_mut_ptr(),
+            r,
+            false,
+            x.as_ptr(),
+            (1, din),
+            u.as_ptr(),
+            (r, 1),
+            scale,
+        );
+        matmul_with(
+            threads_for(r, dout, n),
+            (r, dout, n),
+            db.as_mut_ptr(),
+            dout,
+            false,
+            t.as_ptr(),
+            (1, r),
+            g.as_ptr(),
+            (dout, 1),
+            scale,
+        );
+        if let Some(dx) = dx.as_mut() {
+            // dx = g · Wᵀ + scale · u · Aᵀ
+            matmul_with(
+                threads_for(n, din, dout),
+                (n, din, dout),
+                dx.as_mut_ptr(),
+                din,
+                false,
+                g.as_ptr(),
+                (dout, 1),
+                w.as_ptr(),
+                (1, dout),
+                1.0,
+            );
+            matmul_with(
+                threads_for(n, din, r),
+                (n, din, r),
+                dx.as_mut_ptr(),
+                din,
+                true,
+                u.as_ptr(),
+                (r, 1),
+                a.as_ptr(),
+                (1, r),
+                scale,
+            );
+        }
+    }
+    (dx, da, db)
+}
+
+fn lora_dims(x: &FlexTensor, w: &FlexTensor, a: &FlexTensor) -> (usize, usize, usize, usize) {
+    let [n, din] = dims2(x);
+    let [_, dout] = dims2(w);
+    let [_, r] = dims2(a);
+    (n, din, dout, r)
+}
+
 impl TrainOpsBackend for Flex {
+    fn lora_linear(
+        x: FlexTensor,
+        w: FlexTensor,
+        a: FlexTensor,
+        b: FlexTensor,
+        scale: f32,
+    ) -> FlexTensor {
+        let dims = lora_dims(&x, &w, &a);
+        let y = lora_forward(
+            &f32_view(&x),
+            &f32_view(&w),
+            &f32_view(&a),
+            &f32_view(&b),
+            dims,
+            scale,
+        );
+        flex(y, vec![dims.0, dims.2])
+    }
+
+    fn lora_linear_backward(
+        x: FlexTensor,
+        w: FlexTensor,
+        a: FlexTensor,
+        b: FlexTensor,
+        dout: FlexTensor,
+        scale: f32,
+        want_dx: bool,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let dims = lora_dims(&x, &w, &a);
+        let (n, din, dout_dim, r) = dims;
+        let (dx, da, db) = lora_grads(
+            &f32_view(&x),
+            &f32_view(&w),
+            &f32_view(&a),
+            &f32_view(&b),
+            &f32_view(&dout),
+            dims,
+            scale,
+            want_dx,
+        );
+        let dx = match dx {
+            Some(dx) => flex(dx, vec![n, din]),
+            None => flex(vec![0.0], vec![1]),
+        };
+        (dx, flex(da, vec![din, r]), flex(db, vec![r, dout_dim]))
+    }
+
     fn masked_attention(
         q: FlexTensor,
         k: FlexTensor,
@@ -590,6 +889,86 @@ impl<B: Backend + TrainOpsBackend, C: CheckpointStrategy> TrainOpsBackend for Au
             <Self as AutodiffBackend>::from_inner(dq),
             <Self as AutodiffBackend>::from_inner(dk),
             <Self as AutodiffBackend>::from_inner(dv),
+        )
+    }
+
+    fn lora_linear(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct LoraBackward;
+
+        impl<B: Backend + TrainOpsBackend> Backward<B, 3> for LoraBackward {
+            type State = (
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                f32,
+            );
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (x, w, a, b, scale) = ops.state;
+                let dout = grads.consume::<B>(&ops.node);
+                let [px, pa, pb] = ops.parents;
+                let (dx, da, db) = B::lora_linear_backward(x, w, a, b, dout, scale, px.is_some());
+                for (parent, grad) in [(px, dx), (pa, da), (pb, db)] {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        assert!(
+            !w.is_tracked(),
+            "lora_linear: the base weight must be frozen (it gets no gradient)"
+        );
+        let guards = [x.node(), a.node(), b.node()];
+        let (x, w, a, b) = (
+            x.into_primitive(),
+            w.into_primitive(),
+            a.into_primitive(),
+            b.into_primitive(),
+        );
+        let y = B::lora_linear(x.clone(), w.clone(), a.clone(), b.clone(), scale);
+        match LoraBackward.prepare::<C>(guards).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((x, w, a, b, scale), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn lora_linear_backward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        scale: f32,
+        want_dx: bool,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, da, db) = B::lora_linear_backward(
+            x.into_primitive(),
+            w.into_primitive(),
+            a.into_primitive(),
+            b.into_primitive(),
+            dout.into_primitive(),
+            scale,
+            want_dx,
+        );
+        (
+            <Self as AutodiffBackend>::from_inner(dx),
+            <Self as AutodiffBackend>::from_inner(da),
+            <Self as AutodiffBackend>::from_inner(db),
         )
     }
 

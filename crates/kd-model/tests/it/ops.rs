@@ -143,3 +143,69 @@ fn swiglu_matches_silu_times_up() {
     );
     assert_eq!(flat(plain), out);
 }
+
+#[test]
+fn lora_projection_matches_the_adapter_ops() {
+    use burn::module::{Module, Param};
+    use burn::nn::Linear;
+    use kd_lora::{LoraAdapter, LoraLinear};
+    use kd_model::ops::fused_lora_linear;
+
+    let (n, din, dout, r) = (37, 24, 40, 4);
+    let device = cpu().autodiff();
+    let plain = |shape: [usize; 2], seed| {
+        Tensor::<2>::from_data(
+            TensorData::new(values(shape[0] * shape[1], seed), shape),
+            &device,
+        )
+    };
+    let run = |fused: bool| {
+        let x = leaf([n, din], 11);
+        let mut adapter = LoraAdapter::new(din, dout, r, 0.75, 0.0, &device);
+        adapter.lora_a = Linear {
+            weight: Param::from_tensor(plain([din, r], 12)),
+            bias: None,
+        };
+        adapter.lora_b = Linear {
+            weight: Param::from_tensor(plain([r, dout], 13)),
+            bias: None,
+        };
+        let layer = LoraLinear {
+            base: Linear {
+                weight: Param::from_tensor(plain([din, dout], 14)),
+                bias: None,
+            }
+            .no_grad(),
+            adapter: Some(adapter),
+        };
+        let a = layer.adapter.as_ref().unwrap();
+        let y = if fused {
+            fused_lora_linear(
+                x.clone(),
+                layer.base.weight.val(),
+                a.lora_a.weight.val(),
+                a.lora_b.weight.val(),
+                a.scale,
+            )
+        } else {
+            layer.forward(x.clone(), None)
+        };
+        let w = plain([n, dout], 15);
+        let grads = (y.clone() * w).sum().backward();
+        let g = |t: Tensor<2>| flat(t.grad(&grads).expect("gradient"));
+        (
+            flat(y),
+            g(x),
+            g(a.lora_a.weight.val()),
+            g(a.lora_b.weight.val()),
+            layer.base.weight.val().grad(&grads).is_none(),
+        )
+    };
+    let (y, dx, da, db, frozen) = run(true);
+    let (ref_y, ref_dx, ref_da, ref_db, _) = run(false);
+    assert_close("lora output", &y, &ref_y, 1e-4);
+    assert_close("dx", &dx, &ref_dx, 1e-4);
+    assert_close("dA", &da, &ref_da, 1e-4);
+    assert_close("dB", &db, &ref_db, 1e-4);
+    assert!(frozen, "the base weight gets no gradient");
+}
