@@ -280,41 +280,63 @@ macro_rules! dispatch {
 }
 
 dispatch! {
-    /// Softmax of rows of `t` scores in place; masked entries and fully masked rows give 0.
-    fn masked_softmax_rows(p: &mut [f32], mask: &[bool], t: usize) {
-        for (row, mrow) in p.chunks_exact_mut(t).zip(mask.chunks_exact(t)) {
-            for (x, m) in row.iter_mut().zip(mrow) {
-                if *m {
-                    *x = f32::NEG_INFINITY;
-                }
+    /// Softmax of one row of scores in place; masked entries and a fully masked row give 0.
+    fn masked_softmax_row(row: &mut [f32], mask: &[bool]) {
+        for (x, m) in row.iter_mut().zip(mask) {
+            if *m {
+                *x = f32::NEG_INFINITY;
             }
-            let max = math::max(row);
-            if max == f32::NEG_INFINITY {
-                row.fill(0.0);
-                continue;
-            }
-            for x in row.iter_mut() {
-                *x = exp(*x - max);
-            }
-            let sum = math::sum_map(row, |x| x);
-            for x in row.iter_mut() {
-                *x /= sum;
-            }
+        }
+        let max = math::max(row);
+        if max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            return;
+        }
+        for x in row.iter_mut() {
+            *x = exp(*x - max);
+        }
+        let sum = math::sum_map(row, |x| x);
+        for x in row.iter_mut() {
+            *x /= sum;
         }
     }
 }
 
 dispatch! {
-    /// dS = P ⊙ (dP − Σ_j P dP) · scale per row (the softmax backward, then the score scale),
-    /// in place of dP.
-    fn softmax_backward_rows(ds: &mut [f32], probs: &[f32], t: usize, scale: f32) {
-        for (drow, prow) in ds.chunks_exact_mut(t).zip(probs.chunks_exact(t)) {
-            let dot = math::sum_map2(drow, prow, |a, b| a * b);
-            for (x, p) in drow.iter_mut().zip(prow) {
-                *x = p * (*x - dot) * scale;
-            }
+    /// dS = P ⊙ (dP − Σ_j P dP) · scale for one row (the softmax backward, then the score
+    /// scale), in place of dP.
+    fn softmax_backward_row(ds: &mut [f32], probs: &[f32], scale: f32) {
+        let dot = math::sum_map2(ds, probs, |a, b| a * b);
+        for (x, p) in ds.iter_mut().zip(probs) {
+            *x = p * (*x - dot) * scale;
         }
     }
+}
+
+/// Query rows per block of the attention kernels; each block only visits the keys between
+/// the first and the last one any of its rows may see (about half the work when causal).
+const QUERY_BLOCK: usize = 64;
+
+/// For each batch row and block of [`QUERY_BLOCK`] queries, the key range `k0..k1` that
+/// holds every unmasked key of the block (`(0, 0)` when the block sees none).
+fn key_spans(mask: &[bool], b: usize, s: usize, t: usize) -> Vec<(usize, usize)> {
+    let blocks = s.div_ceil(QUERY_BLOCK);
+    let mut spans = Vec::with_capacity(b * blocks);
+    for bi in 0..b {
+        for blk in 0..blocks {
+            let (mut k0, mut k1) = (t, 0);
+            for i in blk * QUERY_BLOCK..((blk + 1) * QUERY_BLOCK).min(s) {
+                let row = &mask[(bi * s + i) * t..][..t];
+                if let Some(first) = row.iter().position(|m| !m) {
+                    let last = row.iter().rposition(|m| !m).expect("an unmasked key");
+                    k0 = k0.min(first);
+                    k1 = k1.max(last + 1);
+                }
+            }
+            spans.push(if k1 > k0 { (k0, k1) } else { (0, 0) });
+        }
+    }
+    spans
 }
 
 struct AttnDims {
@@ -345,6 +367,8 @@ fn attention_forward(
     let simd = simd();
     let mut out = vec![0f32; b * h * s * d];
     let mut probs = vec![0f32; b * h * s * t];
+    let spans = key_spans(mask, b, s, t);
+    let blocks = s.div_ceil(QUERY_BLOCK);
     out.par_chunks_mut(s * d)
         .zip(probs.par_chunks_mut(s * t))
         .enumerate()
@@ -355,35 +379,47 @@ fn attention_forward(
             let kh = &k[g * t * d..][..t * d];
             let vh = &v[g * t * d..][..t * d];
             let mh = &mask[bi * s * t..][..s * t];
-            // SAFETY: shapes and strides describe exactly the slices above.
-            unsafe {
-                // scores = scale · Q Kᵀ
-                matmul(
-                    (s, t, d),
-                    p.as_mut_ptr(),
-                    t,
-                    false,
-                    qh.as_ptr(),
-                    (d, 1),
-                    kh.as_ptr(),
-                    (1, d),
-                    scale,
-                );
-            }
-            masked_softmax_rows(simd, p, mh, t);
-            // SAFETY: as above.
-            unsafe {
-                matmul(
-                    (s, d, t),
-                    o.as_mut_ptr(),
-                    d,
-                    false,
-                    p.as_ptr(),
-                    (t, 1),
-                    vh.as_ptr(),
-                    (d, 1),
-                    1.0,
-                );
+            for (blk, &(k0, k1)) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
+                // Rows that see no key stay zero (out and probabilities).
+                if k1 == 0 {
+                    continue;
+                }
+                let i0 = blk * QUERY_BLOCK;
+                let (rb, kl) = (QUERY_BLOCK.min(s - i0), k1 - k0);
+                // SAFETY: rows i0..i0 + rb, keys k0..k1 lie inside the slices above, whose
+                // strides are given.
+                unsafe {
+                    // scores = scale · Q Kᵀ
+                    matmul(
+                        (rb, kl, d),
+                        p[i0 * t + k0..].as_mut_ptr(),
+                        t,
+                        false,
+                        qh[i0 * d..].as_ptr(),
+                        (d, 1),
+                        kh[k0 * d..].as_ptr(),
+                        (1, d),
+                        scale,
+                    );
+                }
+                for i in i0..i0 + rb {
+                    let at = i * t;
+                    masked_softmax_row(simd, &mut p[at + k0..at + k1], &mh[at + k0..at + k1]);
+                }
+                // SAFETY: as above.
+                unsafe {
+                    matmul(
+                        (rb, d, kl),
+                        o[i0 * d..].as_mut_ptr(),
+                        d,
+                        false,
+                        p[i0 * t + k0..].as_ptr(),
+                        (t, 1),
+                        vh[k0 * d..].as_ptr(),
+                        (d, 1),
+                        1.0,
+                    );
+                }
             }
         });
     (out, probs)
@@ -396,6 +432,7 @@ fn attention_backward(
     v: &[f32],
     probs: &[f32],
     dout: &[f32],
+    mask: &[bool],
     scale: f32,
     n: &AttnDims,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
@@ -405,6 +442,8 @@ fn attention_backward(
     let mut dq = vec![0f32; b * h * s * d];
     let mut dk = vec![0f32; b * kv * t * d];
     let mut dv = vec![0f32; b * kv * t * d];
+    let spans = key_spans(mask, b, s, t);
+    let blocks = s.div_ceil(QUERY_BLOCK);
     // One task per (batch, KV head): the query heads of a group add into the same dK, dV.
     dq.par_chunks_mut(groups * s * d)
         .zip(dk.par_chunks_mut(t * d))
@@ -421,60 +460,72 @@ fn attention_backward(
                 let doh = &dout[bh * s * d..][..s * d];
                 let qh = &q[bh * s * d..][..s * d];
                 let dqh = &mut dqg[j * s * d..][..s * d];
-                // SAFETY: shapes and strides describe exactly the slices above.
-                unsafe {
-                    // dV += Pᵀ dO
-                    matmul(
-                        (t, d, s),
-                        dvg.as_mut_ptr(),
-                        d,
-                        j > 0,
-                        ph.as_ptr(),
-                        (1, t),
-                        doh.as_ptr(),
-                        (d, 1),
-                        1.0,
-                    );
-                    // dP = dO Vᵀ
-                    matmul(
-                        (s, t, d),
-                        ds.as_mut_ptr(),
-                        t,
-                        false,
-                        doh.as_ptr(),
-                        (d, 1),
-                        vh.as_ptr(),
-                        (1, d),
-                        1.0,
-                    );
-                }
-                softmax_backward_rows(simd, &mut ds, ph, t, scale);
-                // SAFETY: as above.
-                unsafe {
-                    // dQ = dS K
-                    matmul(
-                        (s, d, t),
-                        dqh.as_mut_ptr(),
-                        d,
-                        false,
-                        ds.as_ptr(),
-                        (t, 1),
-                        kh.as_ptr(),
-                        (d, 1),
-                        1.0,
-                    );
-                    // dK += dSᵀ Q
-                    matmul(
-                        (t, d, s),
-                        dkg.as_mut_ptr(),
-                        d,
-                        j > 0,
-                        ds.as_ptr(),
-                        (1, t),
-                        qh.as_ptr(),
-                        (d, 1),
-                        1.0,
-                    );
+                for (blk, &(k0, k1)) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
+                    if k1 == 0 {
+                        continue;
+                    }
+                    let i0 = blk * QUERY_BLOCK;
+                    let (rb, kl) = (QUERY_BLOCK.min(s - i0), k1 - k0);
+                    // SAFETY: rows i0..i0 + rb, keys k0..k1 lie inside the slices above,
+                    // whose strides are given; dK and dV start zeroed and accumulate.
+                    unsafe {
+                        // dV += Pᵀ dO
+                        matmul(
+                            (kl, d, rb),
+                            dvg[k0 * d..].as_mut_ptr(),
+                            d,
+                            true,
+                            ph[i0 * t + k0..].as_ptr(),
+                            (1, t),
+                            doh[i0 * d..].as_ptr(),
+                            (d, 1),
+                            1.0,
+                        );
+                        // dP = dO Vᵀ
+                        matmul(
+                            (rb, kl, d),
+                            ds[i0 * t + k0..].as_mut_ptr(),
+                            t,
+                            false,
+                            doh[i0 * d..].as_ptr(),
+                            (d, 1),
+                            vh[k0 * d..].as_ptr(),
+                            (1, d),
+                            1.0,
+                        );
+                    }
+                    for i in i0..i0 + rb {
+                        let at = i * t;
+                        let (drow, prow) = (&mut ds[at + k0..at + k1], &ph[at + k0..at + k1]);
+                        softmax_backward_row(simd, drow, prow, scale);
+                    }
+                    // SAFETY: as above.
+                    unsafe {
+                        // dQ = dS K
+                        matmul(
+                            (rb, d, kl),
+                            dqh[i0 * d..].as_mut_ptr(),
+                            d,
+                            false,
+                            ds[i0 * t + k0..].as_ptr(),
+                            (t, 1),
+                            kh[k0 * d..].as_ptr(),
+                            (d, 1),
+                            1.0,
+                        );
+                        // dK += dSᵀ Q
+                        matmul(
+                            (kl, d, rb),
+                            dkg[k0 * d..].as_mut_ptr(),
+                            d,
+                            true,
+                            ds[i0 * t + k0..].as_ptr(),
+                            (1, t),
+                            qh[i0 * d..].as_ptr(),
+                            (d, 1),
+                            1.0,
+                        );
+                    }
                 }
             }
         });
@@ -793,6 +844,7 @@ impl TrainOpsBackend for Flex {
             &f32_view(&v),
             &f32_view(&probs),
             &f32_view(&dout),
+            &job.mask,
             job.scale,
             &n,
         );

@@ -48,14 +48,16 @@ fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
 
 #[test]
 fn attention_matches_burn_with_grouped_heads_and_padding() {
-    let (b, h, kv, s, d) = (2, 4, 2, 7, 8);
+    // 70 queries: two blocks of the kernel's query blocking (64), the second one ragged.
+    let (b, h, kv, s, d) = (3, 4, 2, 70, 8);
     // Row 0: causal with two left-padding slots (its first two queries see nothing); row 1:
-    // causal, plus one masked key in the middle.
+    // causal, plus one masked key in the middle; row 2: 66 padding slots (a whole block of
+    // queries sees nothing).
     let mut mask = vec![false; b * s * s];
     for r in 0..b {
         for i in 0..s {
             for j in 0..s {
-                let pad = r == 0 && j < 2;
+                let pad = (r == 0 && j < 2) || (r == 2 && j < 66);
                 let hole = r == 1 && j == 3 && i > 3;
                 mask[(r * s + i) * s + j] = j > i || pad || hole;
             }
@@ -100,11 +102,14 @@ fn attention_matches_burn_with_grouped_heads_and_padding() {
     assert_close("dq", &dq, &ref_dq, 1e-4);
     assert_close("dk", &dk, &ref_dk, 1e-4);
     assert_close("dv", &dv, &ref_dv, 1e-4);
-    // The fully masked query rows (row 0, positions 0 and 1) give zeros, as Burn's do.
-    for head in 0..h {
-        for i in 0..2 {
-            let at = (head * s + i) * d;
-            assert!(out[at..at + d].iter().all(|x| *x == 0.0));
+    // The fully masked query rows give zeros, as Burn's do.
+    for (row, seen_from) in [(0, 2), (2, 66)] {
+        for head in 0..h {
+            for i in 0..s {
+                let at = ((row * h + head) * s + i) * d;
+                let zero = out[at..at + d].iter().all(|x| *x == 0.0);
+                assert_eq!(zero, i < seen_from, "row {row} head {head} query {i}");
+            }
         }
     }
 }
