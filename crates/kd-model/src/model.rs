@@ -103,6 +103,15 @@ impl Attention {
     }
 }
 
+/// `norm(x)`: the fused kernel on the CPU in f32, Burn's `RmsNorm` elsewhere.
+fn rms_norm(norm: &RmsNorm, x: Tensor<3>) -> Tensor<3> {
+    if ops::applies(&x.device(), x.dtype()) && norm.gamma.val().dtype() == DType::F32 {
+        ops::fused_rms_norm(x, norm.gamma.val(), norm.epsilon)
+    } else {
+        norm.forward(x)
+    }
+}
+
 /// The dropout seed of projection `index` of a layer (0–3 attention, 4–6 MLP).
 fn module_seed(layer_seed: Option<u64>, index: u64) -> Option<u64> {
     layer_seed.map(|s| derive_seed(s, &[index]))
@@ -163,10 +172,10 @@ impl DecoderLayer {
         cache: Option<(&mut KvCache, usize)>,
         seed: Option<u64>,
     ) -> Tensor<3> {
-        let normed = self.input_layernorm.forward(x.clone());
+        let normed = rms_norm(&self.input_layernorm, x.clone());
         let attn = self.self_attn.forward(normed, cos, sin, mask, cache, seed);
         let x = x + attn;
-        let normed = self.post_attention_layernorm.forward(x.clone());
+        let normed = rms_norm(&self.post_attention_layernorm, x.clone());
         x + self.mlp.forward(normed, seed)
     }
 }
@@ -452,7 +461,7 @@ impl Llama {
         if let Some(cache) = cache {
             cache.push_mask(b, s, batch.mask());
         }
-        let x = self.norm.forward(x);
+        let x = rms_norm(&self.norm, x);
         record(n_layers, &x);
         let hidden = wanted
             .iter()

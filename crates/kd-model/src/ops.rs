@@ -83,6 +83,17 @@ pub trait TrainOpsBackend: Backend {
         want_dx: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
+    /// RMSNorm over the last axis: `x / sqrt(mean(x²) + eps) · gamma`.
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
+
+    /// `(dx, dgamma)` of [`rms_norm`](Self::rms_norm).
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
     /// `silu(gate) · up`, elementwise.
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
 
@@ -145,6 +156,15 @@ pub fn fused_lora_linear(
         a.into_dispatch(),
         b.into_dispatch(),
         scale as f32,
+    ))
+}
+
+/// RMSNorm over the last axis (`burn::nn::RmsNorm`'s arithmetic) through the fused kernels.
+pub fn fused_rms_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f64) -> Tensor<D> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as TrainOpsBackend>::rms_norm(
+        x.into_dispatch(),
+        gamma.into_dispatch(),
+        eps as f32,
     ))
 }
 
@@ -585,6 +605,59 @@ fn swiglu_grads(gate: &[f32], up: &[f32], dout: &[f32]) -> (Vec<f32>, Vec<f32>) 
     (dg, du)
 }
 
+/// Rows per parallel task of the RMSNorm kernels.
+const NORM_ROWS: usize = 32;
+
+dispatch! {
+    /// `y = x / rms · gamma` for rows of `gamma.len()` values.
+    fn rms_norm_rows(y: &mut [f32], x: &[f32], gamma: &[f32], eps: f32) {
+        let d = gamma.len();
+        for (yr, xr) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+            let rms = (math::sum_map(xr, |v| v * v) / d as f32 + eps).sqrt();
+            for ((o, v), g) in yr.iter_mut().zip(xr).zip(gamma) {
+                *o = v / rms * g;
+            }
+        }
+    }
+}
+
+dispatch! {
+    /// `dx` of rows and their `dgamma` contributions (added into `dgamma` row by row).
+    fn rms_norm_grad_rows(
+        dx: &mut [f32],
+        dgamma: &mut [f32],
+        x: &[f32],
+        gamma: &[f32],
+        dy: &[f32],
+        eps: f32,
+    ) {
+        let d = gamma.len();
+        for ((dxr, xr), dyr) in dx.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(dy.chunks_exact(d)) {
+            let rms = (math::sum_map(xr, |v| v * v) / d as f32 + eps).sqrt();
+            // Σ x · dy · gamma with eight lane sums (vectorisable, fixed order).
+            let mut lanes = [0f32; 8];
+            let chunks = xr.chunks_exact(8).zip(dyr.chunks_exact(8)).zip(gamma.chunks_exact(8));
+            for ((v, g), w) in chunks {
+                for l in 0..8 {
+                    lanes[l] += v[l] * g[l] * w[l];
+                }
+            }
+            let tail = d / 8 * 8;
+            let mut dot: f32 = lanes.iter().sum();
+            for i in tail..d {
+                dot += xr[i] * dyr[i] * gamma[i];
+            }
+            let k = dot / (d as f32 * rms * rms * rms);
+            for (((o, v), g), w) in dxr.iter_mut().zip(xr).zip(dyr).zip(gamma) {
+                *o = w * g / rms - v * k;
+            }
+            for ((acc, v), g) in dgamma.iter_mut().zip(xr).zip(dyr) {
+                *acc += g * (v / rms);
+            }
+        }
+    }
+}
+
 fn dims2(t: &FlexTensor) -> [usize; 2] {
     let shape = t.layout().shape().to_vec();
     shape.try_into().expect("a rank-2 tensor")
@@ -761,6 +834,51 @@ fn lora_dims(x: &FlexTensor, w: &FlexTensor, a: &FlexTensor) -> (usize, usize, u
 }
 
 impl TrainOpsBackend for Flex {
+    fn rms_norm(x: FlexTensor, gamma: FlexTensor, eps: f32) -> FlexTensor {
+        let shape = x.layout().shape().to_vec();
+        let (x, gamma) = (f32_view(&x), f32_view(&gamma));
+        let d = gamma.len();
+        let simd = simd();
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(NORM_ROWS * d)
+            .zip(x.par_chunks(NORM_ROWS * d))
+            .for_each(|(yc, xc)| rms_norm_rows(simd, yc, xc, &gamma, eps));
+        flex(y, shape)
+    }
+
+    fn rms_norm_backward(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        dout: FlexTensor,
+        eps: f32,
+    ) -> (FlexTensor, FlexTensor) {
+        let shape = x.layout().shape().to_vec();
+        let (x, gamma, dy) = (f32_view(&x), f32_view(&gamma), f32_view(&dout));
+        let d = gamma.len();
+        let simd = simd();
+        let mut dx = vec![0f32; x.len()];
+        // Per-task partial dgamma, summed in task order (deterministic).
+        let partials: Vec<Vec<f32>> = dx
+            .par_chunks_mut(NORM_ROWS * d)
+            .zip(
+                x.par_chunks(NORM_ROWS * d)
+                    .zip(dy.par_chunks(NORM_ROWS * d)),
+            )
+            .map(|(dxc, (xc, dyc))| {
+                let mut dg = vec![0f32; d];
+                rms_norm_grad_rows(simd, dxc, &mut dg, xc, &gamma, dyc, eps);
+                dg
+            })
+            .collect();
+        let mut dgamma = vec![0f32; d];
+        for part in &partials {
+            for (a, b) in dgamma.iter_mut().zip(part) {
+                *a += b;
+            }
+        }
+        (flex(dx, shape), flex(dgamma, vec![d]))
+    }
+
     fn lora_linear(
         x: FlexTensor,
         w: FlexTensor,
@@ -1021,6 +1139,61 @@ impl<B: Backend + TrainOpsBackend, C: CheckpointStrategy> TrainOpsBackend for Au
             <Self as AutodiffBackend>::from_inner(dx),
             <Self as AutodiffBackend>::from_inner(da),
             <Self as AutodiffBackend>::from_inner(db),
+        )
+    }
+
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct RmsNormBackward;
+
+        impl<B: Backend + TrainOpsBackend> Backward<B, 2> for RmsNormBackward {
+            type State = (FloatTensor<B>, FloatTensor<B>, f32);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (x, gamma, eps) = ops.state;
+                let dout = grads.consume::<B>(&ops.node);
+                let (dx, dgamma) = B::rms_norm_backward(x, gamma, dout, eps);
+                for (parent, grad) in ops.parents.into_iter().zip([dx, dgamma]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        let guards = [x.node(), gamma.node()];
+        let (x, gamma) = (x.into_primitive(), gamma.into_primitive());
+        let y = B::rms_norm(x.clone(), gamma.clone(), eps);
+        match RmsNormBackward
+            .prepare::<C>(guards)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((x, gamma, eps), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        dout: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dgamma) = B::rms_norm_backward(
+            x.into_primitive(),
+            gamma.into_primitive(),
+            dout.into_primitive(),
+            eps,
+        );
+        (
+            <Self as AutodiffBackend>::from_inner(dx),
+            <Self as AutodiffBackend>::from_inner(dgamma),
         )
     }
 

@@ -214,3 +214,42 @@ fn lora_projection_matches_the_adapter_ops() {
     assert_close("dB", &db, &ref_db, 1e-4);
     assert!(frozen, "the base weight gets no gradient");
 }
+
+#[test]
+fn rms_norm_matches_burn() {
+    use burn::module::Param;
+    use burn::nn::RmsNormConfig;
+    use kd_model::ops::fused_rms_norm;
+
+    // 70 rows: several parallel tasks and a ragged last one; width 37: a lane tail.
+    let shape = [2, 35, 37];
+    let device = cpu().autodiff();
+    let run = |fused: bool| {
+        let x = leaf(shape, 21);
+        let mut norm = RmsNormConfig::new(37).with_epsilon(1e-5).init(&device);
+        norm.gamma = Param::from_tensor(
+            Tensor::<1>::from_data(TensorData::new(values(37, 22), [37]), &device).require_grad(),
+        );
+        let y = if fused {
+            fused_rms_norm(x.clone(), norm.gamma.val(), norm.epsilon)
+        } else {
+            norm.forward(x.clone())
+        };
+        let w = Tensor::<3>::from_data(
+            TensorData::new(values(shape.iter().product(), 23), shape),
+            &device,
+        );
+        let grads = (y.clone() * w).sum().backward();
+        let dgamma = norm.gamma.val().grad(&grads).expect("gamma gradient");
+        (
+            flat(y),
+            flat(x.grad(&grads).expect("x gradient")),
+            dgamma.into_data().try_into_vec_as::<f32>().unwrap(),
+        )
+    };
+    let (y, dx, dg) = run(true);
+    let (ref_y, ref_dx, ref_dg) = run(false);
+    assert_close("rms_norm output", &y, &ref_y, 1e-5);
+    assert_close("dx", &dx, &ref_dx, 1e-5);
+    assert_close("dgamma", &dg, &ref_dg, 1e-4);
+}
