@@ -32,6 +32,9 @@ use rayon::prelude::*;
 pub struct AttentionJob {
     /// `[batch, seq, keys]`, `true` = masked out (shared by all heads).
     pub mask: Arc<[bool]>,
+    /// The key range of each batch row's query blocks ([`key_spans`] of `mask`), shared by
+    /// the forward and backward passes.
+    pub spans: Arc<[(usize, usize)]>,
     /// Multiplier of `q · k`.
     pub scale: f32,
 }
@@ -128,6 +131,7 @@ pub fn fused_attention(
         .expect("bool mask");
     debug_assert_eq!(mask.len(), b * s * t);
     let job = AttentionJob {
+        spans: key_spans(&mask, b, s, t).into(),
         mask: mask.into(),
         scale: scale as f32,
     };
@@ -339,7 +343,7 @@ const QUERY_BLOCK: usize = 64;
 
 /// For each batch row and block of [`QUERY_BLOCK`] queries, the key range `k0..k1` that
 /// holds every unmasked key of the block (`(0, 0)` when the block sees none).
-fn key_spans(mask: &[bool], b: usize, s: usize, t: usize) -> Vec<(usize, usize)> {
+pub fn key_spans(mask: &[bool], b: usize, s: usize, t: usize) -> Vec<(usize, usize)> {
     let blocks = s.div_ceil(QUERY_BLOCK);
     let mut spans = Vec::with_capacity(b * blocks);
     for bi in 0..b {
@@ -378,16 +382,15 @@ fn attention_forward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    mask: &[bool],
-    scale: f32,
+    job: &AttentionJob,
     n: &AttnDims,
 ) -> (Vec<f32>, Vec<f32>) {
     let AttnDims { b, h, kv, s, t, d } = *n;
+    let (mask, spans, scale) = (&job.mask, &job.spans, job.scale);
     let groups = h / kv;
     let simd = simd();
     let mut out = vec![0f32; b * h * s * d];
     let mut probs = vec![0f32; b * h * s * t];
-    let spans = key_spans(mask, b, s, t);
     let blocks = s.div_ceil(QUERY_BLOCK);
     out.par_chunks_mut(s * d)
         .zip(probs.par_chunks_mut(s * t))
@@ -452,17 +455,16 @@ fn attention_backward(
     v: &[f32],
     probs: &[f32],
     dout: &[f32],
-    mask: &[bool],
-    scale: f32,
+    job: &AttentionJob,
     n: &AttnDims,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let AttnDims { b, h, kv, s, t, d } = *n;
+    let (spans, scale) = (&job.spans, job.scale);
     let groups = h / kv;
     let simd = simd();
     let mut dq = vec![0f32; b * h * s * d];
     let mut dk = vec![0f32; b * kv * t * d];
     let mut dv = vec![0f32; b * kv * t * d];
-    let spans = key_spans(mask, b, s, t);
     let blocks = s.div_ceil(QUERY_BLOCK);
     // One task per (batch, KV head): the query heads of a group add into the same dK, dV.
     dq.par_chunks_mut(groups * s * d)
@@ -933,14 +935,7 @@ impl TrainOpsBackend for Flex {
         job: AttentionJob,
     ) -> (FlexTensor, FlexTensor) {
         let n = attention_dims(&q, &k);
-        let (out, probs) = attention_forward(
-            &f32_view(&q),
-            &f32_view(&k),
-            &f32_view(&v),
-            &job.mask,
-            job.scale,
-            &n,
-        );
+        let (out, probs) = attention_forward(&f32_view(&q), &f32_view(&k), &f32_view(&v), &job, &n);
         (
             flex(out, vec![n.b, n.h, n.s, n.d]),
             flex(probs, vec![n.b, n.h, n.s, n.t]),
@@ -962,8 +957,7 @@ impl TrainOpsBackend for Flex {
             &f32_view(&v),
             &f32_view(&probs),
             &f32_view(&dout),
-            &job.mask,
-            job.scale,
+            &job,
             &n,
         );
         (

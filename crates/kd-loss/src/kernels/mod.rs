@@ -179,6 +179,21 @@ pub fn kd_rows(
         .fold(BatchStats::default(), BatchStats::merge)
 }
 
+/// The statistics of one counted cross-entropy row (`None` = non-finite logits).
+fn ce_stats(loss: Option<f32>) -> BatchStats {
+    let row = match loss {
+        Some(loss) => RowStats {
+            loss,
+            ..RowStats::default()
+        },
+        None => RowStats {
+            nonfinite: true,
+            ..RowStats::default()
+        },
+    };
+    BatchStats::default().add(row)
+}
+
 /// Cross-entropy over a batch of rows; `targets[r] < 0` means ignored. Returns the summed
 /// loss over counted finite rows, the number of counted rows and of non-finite rows.
 pub fn ce_rows(
@@ -197,17 +212,7 @@ pub fn ce_rows(
             return BatchStats::default();
         }
         let z = &logits[r * vocab..(r + 1) * vocab];
-        let stats = match ce_row(z, t as usize, g, scale) {
-            Some(loss) => RowStats {
-                loss,
-                ..RowStats::default()
-            },
-            None => RowStats {
-                nonfinite: true,
-                ..RowStats::default()
-            },
-        };
-        BatchStats::default().add(stats)
+        ce_stats(ce_row(z, t as usize, g, scale))
     };
     let mut per_row = vec![BatchStats::default(); targets.len()];
     match grad {
@@ -245,17 +250,7 @@ pub fn ce_rows_in_place(
                 z.fill(0.0);
                 return;
             }
-            let stats = match ce_row_in_place(z, *t as usize, scale) {
-                Some(loss) => RowStats {
-                    loss,
-                    ..RowStats::default()
-                },
-                None => RowStats {
-                    nonfinite: true,
-                    ..RowStats::default()
-                },
-            };
-            *out = BatchStats::default().add(stats);
+            *out = ce_stats(ce_row_in_place(z, *t as usize, scale));
         });
     per_row
         .into_iter()
