@@ -1,4 +1,5 @@
-//! Greedy generation with the KV cache from a Hugging Face Llama directory.
+//! Greedy generation with the KV cache from a Hugging Face Llama directory, through
+//! [`Llama::generate`] (rows stop at the model's eos ids).
 //!
 //! ```text
 //! cargo run -p kd-examples --example generate -- fixtures/tiny-models/tiny-llama3 \
@@ -13,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use kd_model::{ComputeDType, ForwardOptions, Llama, PaddingSide, TokenBatch, parse_device};
+use kd_model::{ComputeDType, GenerateOptions, Llama, SeededPrompt, parse_device};
 
 /// Greedy generation with a Llama model in Hugging Face layout.
 #[derive(Parser, Debug)]
@@ -70,54 +71,23 @@ fn main() -> Result<()> {
     );
 
     let b = rows.len();
-    let vocab = c.vocab_size;
-    let pad = c
-        .pad_token_id
-        .or(c.eos_token_ids.first().copied())
-        .unwrap_or(0);
-    let last = ForwardOptions {
-        last_position_only: true,
-        ..ForwardOptions::default()
-    };
-    let mut cache = model.new_cache();
-    let mut batch = TokenBatch::from_rows(&rows, pad, PaddingSide::Left);
-    let mut out = vec![Vec::new(); b];
+    let prompts: Vec<SeededPrompt<'_>> = rows
+        .iter()
+        .map(|ids| SeededPrompt { ids, seed: 0 })
+        .collect();
     let start = Instant::now();
-    for _ in 0..args.max_new_tokens {
-        let logits = model
-            .forward_cached(&batch, &mut cache, &last)?
-            .logits
-            .expect("requested");
-        let logits: Vec<f32> = logits
-            .into_data()
-            .try_into_vec_as::<f32>()
-            .expect("f32 data");
-        let next: Vec<u32> = logits
-            .chunks_exact(vocab)
-            .map(|row| {
-                let (i, _) = row
-                    .iter()
-                    .enumerate()
-                    .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
-                        if *v > best.1 { (i, *v) } else { best }
-                    });
-                i as u32
-            })
-            .collect();
-        for (row, t) in out.iter_mut().zip(&next) {
-            row.push(*t);
-        }
-        batch = TokenBatch::new(b, 1, next, vec![true; b])?;
-    }
+    let completions = model.generate(&prompts, &GenerateOptions::greedy(args.max_new_tokens))?;
     let secs = start.elapsed().as_secs_f64();
-    for (i, (prompt, new)) in rows.iter().zip(&out).enumerate() {
-        println!("row {i}: prompt {prompt:?} -> {new:?}");
+    for (i, (prompt, c)) in rows.iter().zip(&completions).enumerate() {
+        println!(
+            "row {i}: prompt {prompt:?} -> {:?} ({:?})",
+            c.ids, c.finish_reason
+        );
     }
+    let tokens: usize = completions.iter().map(|c| c.ids.len()).sum();
     println!(
-        "{} tokens in {:.3} s ({:.1} tokens/s, batch {b})",
-        b * args.max_new_tokens,
-        secs,
-        (b * args.max_new_tokens) as f64 / secs
+        "{tokens} tokens in {secs:.3} s ({:.1} tokens/s, batch {b})",
+        tokens as f64 / secs
     );
     Ok(())
 }

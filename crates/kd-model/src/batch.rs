@@ -194,8 +194,9 @@ pub enum HiddenStates {
 pub struct ForwardOptions {
     /// Compute logits (`false` saves the LM head when only hidden states are needed).
     pub logits: bool,
-    /// Compute logits only for the last position of each row (generation).
-    pub last_position_only: bool,
+    /// Compute logits only for the last `n` positions of each row (`Some(1)` while decoding,
+    /// `Some(k + 1)` to verify k drafted tokens); `None` = every position.
+    pub last_positions: Option<usize>,
     /// Hidden states to return.
     pub hidden_states: HiddenStates,
     /// Training: the seed LoRA dropout masks are derived from (`None` = no dropout, as in
@@ -207,7 +208,7 @@ impl Default for ForwardOptions {
     fn default() -> Self {
         Self {
             logits: true,
-            last_position_only: false,
+            last_positions: None,
             hidden_states: HiddenStates::None,
             dropout_seed: None,
         }
@@ -215,6 +216,14 @@ impl Default for ForwardOptions {
 }
 
 impl ForwardOptions {
+    /// Logits of the last `n` positions of each row only.
+    pub fn last_positions(n: usize) -> Self {
+        Self {
+            last_positions: Some(n),
+            ..Self::default()
+        }
+    }
+
     /// Logits and the given hidden states.
     pub fn with_hidden_states(hidden_states: HiddenStates) -> Self {
         Self {

@@ -73,6 +73,56 @@ impl KvCache {
         Ok(())
     }
 
+    /// Rolls each row back to its first `real_len[row]` real tokens (speculative decoding
+    /// drops the rejected drafts): later real slots are masked out, and trailing slots no row
+    /// needs any more are freed. A row then continues exactly as if the dropped tokens had
+    /// never been fed.
+    pub fn truncate(&mut self, real_len: &[i64]) -> Result<()> {
+        let batch = self.valid.len();
+        if real_len.len() != batch {
+            return Err(ModelError::Input(format!(
+                "{} lengths to roll back a cache of {batch} rows",
+                real_len.len()
+            )));
+        }
+        let mut keep = 0;
+        for (row, (valid, &want)) in self.valid.iter_mut().zip(real_len).enumerate() {
+            let have = self.real_len[row];
+            if want < 0 || want > have {
+                return Err(ModelError::Input(format!(
+                    "row {row} holds {have} real tokens and cannot be rolled back to {want}"
+                )));
+            }
+            let mut seen = 0;
+            for (slot, v) in valid.iter_mut().enumerate() {
+                if *v {
+                    if seen < want {
+                        keep = keep.max(slot + 1);
+                    } else {
+                        *v = false;
+                    }
+                    seen += 1;
+                }
+            }
+            self.real_len[row] = want;
+        }
+        if keep < self.len() {
+            for v in &mut self.valid {
+                v.truncate(keep);
+            }
+            for layer in &mut self.layers {
+                if let Some((k, v)) = layer.take()
+                    && keep > 0
+                {
+                    let [b, h, _, d] = k.dims();
+                    let range = [0..b, 0..h, 0..keep, 0..d];
+                    *layer = Some((k.slice(range.clone()), v.slice(range)));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_batch(&self, batch: usize) -> Result<()> {
         match self.batch_size() {
             Some(b) if b != batch => Err(ModelError::Input(format!(

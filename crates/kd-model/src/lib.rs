@@ -8,7 +8,10 @@
 //! - [`Llama::forward`] runs a padded [`TokenBatch`] and returns logits and, on request, hidden
 //!   states indexed as transformers' `output_hidden_states`.
 //! - [`Llama::forward_cached`] decodes incrementally with a [`KvCache`]; each row of a
-//!   left-padded batch decodes as it would alone.
+//!   left-padded batch decodes as it would alone; [`KvCache::truncate`] rolls rows back.
+//! - [`Llama::generate`]: the decode loop (greedy or [`Sampling`] from per-prompt seeded
+//!   streams, rows finishing independently), shared by the teacher and the speculative
+//!   decoder.
 //! - [`Llama::save`] writes the model back in Hugging Face layout.
 //!
 //! ```no_run
@@ -32,10 +35,12 @@ mod cache;
 mod config;
 mod device;
 mod error;
+mod generate;
 mod lora;
 mod model;
 pub mod ops;
 mod rope;
+pub mod sampling;
 mod skinny;
 mod weights;
 
@@ -48,10 +53,12 @@ pub use cache::KvCache;
 pub use config::{LlamaConfig, RopeScaling, StoredDType};
 pub use device::{parse_device, parse_device_list};
 pub use error::{ModelError, Result};
+pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
 pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};
 pub use lora::{ParameterReport, TOKENIZER_FILES, copy_tokenizer_files};
 pub use model::{Attention, DecoderLayer, Llama, LmHead, Mlp, ModelOutput};
 pub use rope::{Rope, apply_rotary};
+pub use sampling::Sampling;
 pub use weights::{
     ComputeDType, INDEX_FILE, SINGLE_FILE, SaveDType, expected_tensors, write_atomic,
     write_safetensors,

@@ -183,14 +183,21 @@ impl DecoderLayer {
 /// The output of a forward pass.
 #[derive(Debug, Clone)]
 pub struct ModelOutput {
-    /// `[batch, seq, vocab]` logits (`[batch, 1, vocab]` with `last_position_only`), in the
-    /// model's compute dtype; `None` when not requested.
+    /// `[batch, seq, vocab]` logits (`[batch, n, vocab]` with `last_positions: Some(n)`), in
+    /// the model's compute dtype; `None` when not requested.
     pub logits: Option<Tensor<3>>,
     /// The requested hidden states `[batch, seq, hidden]`, each with its Hugging Face index.
     pub hidden_states: Vec<(usize, Tensor<3>)>,
 }
 
 impl ModelOutput {
+    /// The logits, or an error when the forward pass was asked not to compute them.
+    pub fn into_logits(self) -> Result<Tensor<3>> {
+        self.logits.ok_or_else(|| {
+            ModelError::Input("logits were not requested (ForwardOptions::logits = false)".into())
+        })
+    }
+
     /// The hidden state with Hugging Face index `index`, if it was requested.
     pub fn hidden_state(&self, index: usize) -> Option<&Tensor<3>> {
         self.hidden_states
@@ -306,6 +313,40 @@ impl Llama {
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
         }
+    }
+
+    /// Keeps only the decoder layers at the given indices (in increasing order), with the
+    /// embeddings, final norm and LM head unchanged: a known way to initialise a draft from
+    /// its target (layer skipping / early exit).
+    pub fn keep_layers(self, keep: &[usize]) -> Result<Self> {
+        let n = self.layers.len();
+        if keep.is_empty() {
+            return Err(ModelError::Input("keep at least one layer".into()));
+        }
+        if let Some(bad) = keep.iter().find(|i| **i >= n) {
+            return Err(ModelError::Input(format!(
+                "layer {bad} does not exist: the model has layers 0..{n}"
+            )));
+        }
+        if keep.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(ModelError::Input(format!(
+                "layers to keep must be distinct and increasing, got {keep:?}"
+            )));
+        }
+        let mut config = self.config;
+        config.num_hidden_layers = keep.len();
+        let mut slots: Vec<Option<DecoderLayer>> = self.layers.into_iter().map(Some).collect();
+        let layers = keep
+            .iter()
+            .map(|i| slots[*i].take().expect("indices are distinct"))
+            .collect();
+        Ok(Self::from_parts(
+            config,
+            self.embed_tokens,
+            layers,
+            self.norm,
+            self.lm_head,
+        ))
     }
 
     /// Every adapter-capable projection with its module path
@@ -469,14 +510,16 @@ impl Llama {
             .map(|(i, t)| (*i, t.expect("every requested index was recorded")))
             .collect();
 
-        let logits = options.logits.then(|| {
-            let x = if options.last_position_only {
-                x.slice([0..b, s - 1..s])
-            } else {
-                x
-            };
-            self.lm_head_forward(x)
-        });
+        let logits = match options.last_positions {
+            Some(n) if n == 0 || n > s => {
+                return Err(ModelError::Input(format!(
+                    "logits of the last {n} positions asked for a batch of {s} positions"
+                )));
+            }
+            Some(n) if n < s => x.slice([0..b, s - n..s]),
+            _ => x,
+        };
+        let logits = options.logits.then(|| self.lm_head_forward(logits));
         Ok(ModelOutput {
             logits,
             hidden_states: hidden,

@@ -19,7 +19,6 @@ mod cache;
 mod error;
 mod local;
 mod remote;
-mod sampling;
 mod serve;
 mod types;
 mod wire;
@@ -29,8 +28,8 @@ pub use cache::{
     model_fingerprint, prompts_hash, sequences_hash, template_hash,
 };
 pub use error::{Result, TeacherError};
+pub use kd_model::FinishReason;
 pub use local::{LocalTeacher, Prompt, ReplicatedTeacher, Teacher, stream_seed};
 pub use remote::{RemoteApi, RemoteConfig, RemoteTeacher};
-pub use sampling::next_token;
 pub use serve::{ServeConfig, ServerHandle, router, spawn_server};
-pub use types::{FinishReason, Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
+pub use types::{Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};

@@ -3,13 +3,11 @@
 
 use burn::tensor::activation::log_softmax;
 use kd_data::ChatTokenizer;
-use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, TokenBatch};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+pub use kd_model::stream_seed;
+use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, SeededPrompt, TokenBatch};
 
 use crate::error::{Result, TeacherError};
-use crate::sampling::next_token;
-use crate::types::{FinishReason, Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
+use crate::types::{Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
 
 /// A prompt with its index in the whole prompt set (the sampling stream derives from it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,89 +75,30 @@ impl LocalTeacher {
         &self.model
     }
 
-    fn stop_ids(&self, params: &SamplingParams) -> Vec<u32> {
-        if params.stop_token_ids.is_empty() {
-            self.model.config().eos_token_ids.clone()
-        } else {
-            params.stop_token_ids.clone()
-        }
-    }
-
     /// Generates one batch; each prompt comes with the seed of its own sampling stream.
     fn generate_batch(
         &self,
         prompts: &[(&[u32], u64)],
         params: &SamplingParams,
     ) -> Result<Vec<Generation>> {
-        let vocab = self.model.config().vocab_size;
-        let stop = self.stop_ids(params);
-        let cfg = self.model.config();
-        // Padding is masked out; any valid id will do.
-        let pad = cfg
-            .pad_token_id
-            .or(cfg.eos_token_ids.first().copied())
-            .filter(|t| (*t as usize) < vocab)
-            .unwrap_or(0);
-        let rows: Vec<Vec<u32>> = prompts.iter().map(|p| p.0.to_vec()).collect();
-        let mut rngs: Vec<ChaCha8Rng> = prompts
+        let seeded: Vec<SeededPrompt<'_>> = prompts
             .iter()
-            .map(|p| ChaCha8Rng::seed_from_u64(p.1))
+            .map(|(ids, seed)| SeededPrompt { ids, seed: *seed })
             .collect();
-        let mut out: Vec<Generation> = prompts
-            .iter()
-            .map(|_| Generation::empty(params.return_logprobs))
-            .collect();
-        let mut active: Vec<usize> = (0..prompts.len()).collect();
-        let mut cache = self.model.new_cache();
-        let mut batch = TokenBatch::from_rows(&rows, pad, PaddingSide::Left);
-        let last = ForwardOptions {
-            last_position_only: true,
-            ..ForwardOptions::default()
-        };
-        for _ in 0..params.max_new_tokens {
-            let logits = self
-                .model
-                .forward_cached(&batch, &mut cache, &last)?
-                .logits
-                .expect("requested");
-            let logits: Vec<f32> = logits
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec_as::<f32>()
-                .expect("f32 logits");
-            let mut keep = Vec::with_capacity(active.len());
-            let mut next = Vec::with_capacity(active.len());
-            for (slot, &r) in active.iter().enumerate() {
-                let (tok, lp) = next_token(
-                    &logits[slot * vocab..(slot + 1) * vocab],
-                    params,
-                    &mut rngs[r],
-                );
-                let g = &mut out[r];
-                g.ids.push(tok);
-                if let Some(l) = &mut g.logprobs {
-                    l.push(lp);
-                }
-                if stop.contains(&tok) {
-                    g.finish_reason = FinishReason::Stop;
-                } else if g.ids.len() < params.max_new_tokens {
-                    keep.push(slot);
-                    next.push(tok);
-                }
-            }
-            if keep.is_empty() {
-                break;
-            }
-            if keep.len() < active.len() {
-                cache.retain_rows(&keep)?;
-                active = keep.iter().map(|s| active[*s]).collect();
-            }
-            batch = TokenBatch::new(next.len(), 1, next, vec![true; active.len()])?;
-        }
-        if let Some(tok) = &self.tokenizer {
-            for g in &mut out {
-                g.text = Some(tok.decode(&g.ids, true)?);
-            }
+        let completions = self.model.generate(&seeded, &params.generate_options())?;
+        let mut out = Vec::with_capacity(completions.len());
+        for c in completions {
+            let text = match &self.tokenizer {
+                Some(tok) => Some(tok.decode(&c.ids, true)?),
+                None => None,
+            };
+            out.push(Generation {
+                ids: c.ids,
+                text,
+                finish_reason: c.finish_reason,
+                logprobs: c.logprobs,
+                hidden_states: Vec::new(),
+            });
         }
         Ok(out)
     }
@@ -228,13 +167,6 @@ impl LocalTeacher {
     pub fn tokenizer(&self) -> Option<&ChatTokenizer> {
         self.tokenizer.as_ref()
     }
-}
-
-/// The seed of prompt `index`'s sampling stream in a run seeded with `seed`. Remote
-/// backends send it as the request's seed, so that a server running [`LocalTeacher`]
-/// samples what the local teacher samples.
-pub fn stream_seed(seed: u64, index: u64) -> u64 {
-    seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 impl Teacher for LocalTeacher {

@@ -10,13 +10,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kd_model::FinishReason;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use crate::error::{Result, TeacherError};
 use crate::local::{Prompt, Teacher, stream_seed};
-use crate::types::{FinishReason, Generation, SamplingParams, ScoreOptions, Scores};
+use crate::types::{Generation, SamplingParams, ScoreOptions, Scores};
 use crate::wire::{
     OaiChoice, OaiRequest, OaiResponse, SglLogprob, SglRequest, SglResponse, SglSampling,
     parse_token_key,

@@ -22,12 +22,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use kd_model::FinishReason;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::error::{Result, TeacherError};
 use crate::local::{LocalTeacher, Teacher};
-use crate::types::{FinishReason, Generation, SamplingParams, Scores};
+use crate::types::{Generation, SamplingParams, Scores};
 use crate::wire::{
     OaiChoice, OaiLogprobs, OaiRequest, OaiResponse, OaiUsage, SglFinish, SglLogprob, SglMeta,
     SglRequest, SglResponse, token_key,

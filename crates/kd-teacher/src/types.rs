@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use kd_model::{FinishReason, GenerateOptions, Sampling};
+
 use crate::error::{Result, TeacherError};
 
 /// How completions are sampled (SGLang/vLLM names).
@@ -46,6 +48,25 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// The token-choice part (temperature, top-k, top-p).
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+        }
+    }
+
+    /// The model's decode-loop options for these parameters.
+    pub fn generate_options(&self) -> GenerateOptions {
+        GenerateOptions {
+            max_new_tokens: self.max_new_tokens,
+            sampling: self.sampling(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            return_logprobs: self.return_logprobs,
+        }
+    }
+
     /// Checks ranges.
     pub fn validate(&self) -> Result<()> {
         if self.max_new_tokens == 0 {
@@ -61,16 +82,6 @@ impl SamplingParams {
         }
         Ok(())
     }
-}
-
-/// Why a completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// A stop token was generated.
-    Stop,
-    /// `max_new_tokens` was reached.
-    Length,
 }
 
 /// One completion.

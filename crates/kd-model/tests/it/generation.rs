@@ -19,10 +19,7 @@ fn argmax(row: &[f32]) -> u32 {
 fn greedy(model: &Llama, rows: &[Vec<u32>], steps: usize) -> (Vec<Vec<u32>>, Vec<Vec<Vec<f32>>>) {
     let vocab = model.config().vocab_size;
     let b = rows.len();
-    let last = ForwardOptions {
-        last_position_only: true,
-        ..ForwardOptions::default()
-    };
+    let last = ForwardOptions::last_positions(1);
     let mut cache = model.new_cache();
     let mut batch = TokenBatch::from_rows(rows, 0, PaddingSide::Left);
     let mut tokens = vec![Vec::new(); b];
@@ -156,4 +153,90 @@ fn cache_row_retention_and_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("256"), "{e}");
+}
+
+#[test]
+fn cache_rolls_back_rows_to_shorter_lengths() {
+    let model = load("tiny-llama3");
+    let vocab = model.config().vocab_size;
+    let rows = vec![vec![1, 5, 9, 4, 7], vec![1, 8, 3]];
+    let mut cache = model.new_cache();
+    let batch = TokenBatch::from_rows(&rows, 0, PaddingSide::Left);
+    model
+        .forward_cached(&batch, &mut cache, &ForwardOptions::default())
+        .unwrap();
+    // Keep [1, 5, 9] and [1, 8]: the next token continues those prefixes exactly.
+    cache.truncate(&[3, 2]).unwrap();
+    assert_eq!(cache.real_lengths(), &[3, 2]);
+    assert_eq!(
+        cache.len(),
+        4,
+        "row 0's third real token sits at slot 2 + padding 0"
+    );
+    let next = TokenBatch::new(2, 1, vec![11, 12], vec![true; 2]).unwrap();
+    let out = to_vec(
+        model
+            .forward_cached(&next, &mut cache, &ForwardOptions::default())
+            .unwrap()
+            .logits
+            .unwrap(),
+    );
+    for (r, prefix) in [vec![1, 5, 9, 11], vec![1, 8, 12]].iter().enumerate() {
+        let alone = to_vec(model.logits(&TokenBatch::single(prefix)).unwrap());
+        let last = &alone[(prefix.len() - 1) * vocab..];
+        let d = out[r * vocab..(r + 1) * vocab]
+            .iter()
+            .zip(last)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(d <= 1e-5, "row {r}: rolled back vs alone max |Δ| = {d}");
+    }
+    // Rolling forward or a wrong row count is refused.
+    assert!(cache.truncate(&[9, 1]).is_err());
+    assert!(cache.truncate(&[1]).is_err());
+    cache.truncate(&[0, 0]).unwrap();
+    assert_eq!(cache.len(), 0);
+}
+
+#[test]
+fn generate_is_greedy_decoding_with_stops() {
+    use kd_model::{FinishReason, GenerateOptions, SeededPrompt};
+    let name = "tiny-llama3";
+    let model = load(name);
+    let rows = prompts(&golden(name));
+    let steps = 6;
+    let (tokens, _) = greedy(&model, &rows, steps);
+    let seeded: Vec<SeededPrompt<'_>> = rows
+        .iter()
+        .map(|ids| SeededPrompt { ids, seed: 0 })
+        .collect();
+    let free = GenerateOptions {
+        stop_token_ids: vec![10_000],
+        ..GenerateOptions::greedy(steps)
+    };
+    let out = model.generate(&seeded, &free).unwrap();
+    for (r, c) in out.iter().enumerate() {
+        assert_eq!(c.ids, tokens[r], "row {r}");
+        assert_eq!(c.finish_reason, FinishReason::Length);
+    }
+    // Stopping at row 0's third token ends that row there (the stop token kept) and cuts
+    // any other row at its first occurrence.
+    let stop = tokens[0][2];
+    let stopped = model
+        .generate(
+            &seeded,
+            &GenerateOptions {
+                stop_token_ids: vec![stop],
+                ..GenerateOptions::greedy(steps)
+            },
+        )
+        .unwrap();
+    for (r, c) in stopped.iter().enumerate() {
+        match tokens[r].iter().position(|t| *t == stop) {
+            Some(i) => {
+                assert_eq!(c.ids, tokens[r][..=i], "row {r}");
+                assert_eq!(c.finish_reason, FinishReason::Stop);
+            }
+            None => assert_eq!(c.ids, tokens[r]),
+        }
+    }
 }

@@ -65,7 +65,7 @@ fn chosen_hidden_states_and_no_logits() {
     let batch = golden_batch(&g, "right");
     let opts = ForwardOptions {
         logits: false,
-        last_position_only: false,
+        last_positions: None,
         hidden_states: HiddenStates::Layers(vec![3, 1]),
         dropout_seed: None,
     };
