@@ -56,10 +56,16 @@ pub enum BadRecordPolicy {
 pub enum BadRecordKind {
     /// Not valid JSON.
     InvalidJson,
+    /// Not valid UTF-8.
+    InvalidUtf8,
     /// No `body.messages` (or an empty list).
     NoMessages,
     /// No user turn to prompt with.
     NoUserTurn,
+    /// A user turn with no text.
+    EmptyPrompt,
+    /// A message role the chat format does not know.
+    UnknownRole,
     /// The text to learn from is empty.
     EmptyText,
     /// A required key is absent.
@@ -153,10 +159,7 @@ where
             };
             let parsed = match &raw.value {
                 Ok(v) => (self.parse)(&raw, v),
-                Err(msg) => Err(BadRecord::new(
-                    BadRecordKind::InvalidJson,
-                    format!("invalid JSON: {msg}"),
-                )),
+                Err(bad) => Err(bad.clone()),
             };
             match parsed {
                 Ok(t) => return Some(Ok(t)),

@@ -13,6 +13,16 @@ use crate::error::{DataError, Result};
 /// The file name the seed's data layout uses.
 pub const BATCH_FILE: &str = "batch_input.jsonl";
 
+/// The roles of OpenAI's chat format.
+pub const ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
 /// A prompt for the teacher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptRecord {
@@ -195,10 +205,23 @@ fn parse(raw: &RawRecord, v: &Value, last_user_only: bool) -> Result<PromptRecor
                 ));
             }
         };
-        parsed.push(Message {
-            role,
-            content: content_text(m.get("content"), &at)?,
-        });
+        if !ROLES.contains(&role.as_str()) {
+            return Err(BadRecord::new(
+                BadRecordKind::UnknownRole,
+                format!(
+                    "{at}.role: unknown role {role:?}; expected one of {}",
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        let content = content_text(m.get("content"), &at)?;
+        if role == "user" && content.trim().is_empty() {
+            return Err(BadRecord::new(
+                BadRecordKind::EmptyPrompt,
+                format!("{at}: the user message is empty"),
+            ));
+        }
+        parsed.push(Message { role, content });
     }
     let Some(last_user) = parsed.iter().rposition(|m| m.role == "user") else {
         return Err(BadRecord::new(

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::{BadRecord, BadRecordKind};
 use crate::error::{DataError, Result};
 
 /// Where a record came from.
@@ -25,13 +26,21 @@ impl std::fmt::Display for Location {
     }
 }
 
-/// A record as read: its location and its JSON value, or why it is not valid JSON.
+/// A record as read: its location and its JSON value, or why it cannot be one (not UTF-8,
+/// not JSON).
 #[derive(Debug, Clone)]
 pub struct RawRecord {
     /// Where it starts.
     pub location: Location,
-    /// The parsed value, or the parser's message.
-    pub value: std::result::Result<Value, String>,
+    /// The parsed value, or what is wrong with the record's bytes.
+    pub value: std::result::Result<Value, BadRecord>,
+}
+
+/// The UTF-8 byte-order mark some editors write at the start of a file.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+fn invalid_json(e: serde_json::Error) -> BadRecord {
+    BadRecord::new(BadRecordKind::InvalidJson, format!("invalid JSON: {e}"))
 }
 
 enum Format {
@@ -44,7 +53,7 @@ pub struct RawRecords {
     files: std::vec::IntoIter<PathBuf>,
     current: Option<(Arc<Path>, Format)>,
     line: usize,
-    buf: String,
+    buf: Vec<u8>,
 }
 
 impl RawRecords {
@@ -54,13 +63,21 @@ impl RawRecords {
             files: files.into_iter(),
             current: None,
             line: 0,
-            buf: String::new(),
+            buf: Vec::new(),
         }
     }
 
     fn open(path: PathBuf) -> Result<(Arc<Path>, Format)> {
         let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
         let mut reader = BufReader::with_capacity(1 << 16, file);
+        // A byte-order mark is not part of the first record.
+        if reader
+            .fill_buf()
+            .map_err(|e| DataError::io(&path, e))?
+            .starts_with(BOM)
+        {
+            reader.consume(BOM.len());
+        }
         // Peek at the first non-whitespace byte: '[' means a JSON array.
         let first = loop {
             let buf = reader.fill_buf().map_err(|e| DataError::io(&path, e))?;
@@ -104,21 +121,28 @@ impl Iterator for RawRecords {
             match format {
                 Format::Lines(reader) => {
                     self.buf.clear();
-                    match reader.read_line(&mut self.buf) {
+                    match reader.read_until(b'\n', &mut self.buf) {
                         Ok(0) => {
                             self.current = None;
                         }
                         Ok(_) => {
                             self.line += 1;
-                            let text = self.buf.trim();
-                            if text.is_empty() {
-                                continue;
-                            }
                             let location = Location {
                                 path: path.clone(),
                                 line: self.line,
                             };
-                            let value = serde_json::from_str(text).map_err(|e| e.to_string());
+                            let value = match std::str::from_utf8(&self.buf) {
+                                Ok(text) if text.trim().is_empty() => continue,
+                                Ok(text) => serde_json::from_str(text.trim()).map_err(invalid_json),
+                                Err(e) => Err(BadRecord::new(
+                                    BadRecordKind::InvalidUtf8,
+                                    format!(
+                                        "not valid UTF-8 (byte {} of the line); re-encode the \
+                                         file as UTF-8",
+                                        e.valid_up_to() + 1
+                                    ),
+                                )),
+                            };
                             return Some(Ok(RawRecord { location, value }));
                         }
                         Err(e) => {
@@ -135,7 +159,7 @@ impl Iterator for RawRecords {
                             path: path.clone(),
                             line,
                         };
-                        let value = serde_json::from_slice(&bytes).map_err(|e| e.to_string());
+                        let value = serde_json::from_slice(&bytes).map_err(invalid_json);
                         return Some(Ok(RawRecord { location, value }));
                     }
                     Some(Err(message)) => {
@@ -276,13 +300,34 @@ mod tests {
     use super::*;
 
     fn records(text: &str) -> Vec<(usize, std::result::Result<Value, String>)> {
+        records_of(text.as_bytes())
+    }
+
+    fn records_of(bytes: &[u8]) -> Vec<(usize, std::result::Result<Value, String>)> {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f.json");
-        std::fs::write(&p, text).unwrap();
+        std::fs::write(&p, bytes).unwrap();
         RawRecords::new(vec![p])
-            .map(|r| r.map(|r| (r.location.line, r.value)))
+            .map(|r| r.map(|r| (r.location.line, r.value.map_err(|b| b.detail))))
             .collect::<Result<Vec<_>>>()
             .unwrap_or_else(|e| vec![(0, Err(e.to_string()))])
+    }
+
+    #[test]
+    fn byte_order_mark_and_invalid_utf8() {
+        // A BOM before the first record (JSONL and JSON array) is not part of it.
+        let r = records_of(b"\xEF\xBB\xBF{\"a\": 1}\n{\"a\": 2}\n");
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].1.as_ref().unwrap()["a"], 1);
+        let r = records_of(b"\xEF\xBB\xBF [{\"a\": 1}]");
+        assert_eq!(r[0].1.as_ref().unwrap()["a"], 1);
+        // Invalid UTF-8 is a bad record on its own line; the next line still reads.
+        let r = records_of(b"{\"a\": 1}\n{\"a\": \"\xFF\"}\n{\"a\": 3}\n");
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[1].0, 2);
+        let e = r[1].1.as_ref().unwrap_err();
+        assert!(e.contains("UTF-8") && e.contains("byte 8"), "{e}");
+        assert_eq!(r[2].1.as_ref().unwrap()["a"], 3);
     }
 
     #[test]

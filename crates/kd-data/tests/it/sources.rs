@@ -121,6 +121,78 @@ fn bad_records_error_with_file_and_line_or_are_counted() {
     assert_eq!(it.skipped().total(), 5);
 }
 
+/// Files as a new user brings them: a byte-order mark, an empty user message, an unknown
+/// role, a line that is not UTF-8.
+#[test]
+fn openai_files_from_the_wild() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = |id: &str, text: &str| {
+        format!(
+            r#"{{"custom_id": "{id}", "body": {{"messages": [{{"role": "user", "content": "{text}"}}]}}}}"#
+        )
+    };
+    let mut bytes = b"\xEF\xBB\xBF".to_vec();
+    bytes.extend(user("first", "hello").as_bytes());
+    bytes.push(b'\n');
+    bytes.extend(user("empty", "  ").as_bytes());
+    bytes.push(b'\n');
+    bytes.extend(
+        br#"{"custom_id": "wizard", "body": {"messages": [{"role": "wizard", "content": "x"}, {"role": "user", "content": "hi"}]}}"#,
+    );
+    bytes.push(b'\n');
+    // "café" in Latin-1: the byte 0xE9 alone is not UTF-8.
+    let mut latin1 = user("latin1", "caf#").into_bytes();
+    let at = latin1.iter().position(|b| *b == b'#').unwrap();
+    latin1[at] = 0xE9;
+    bytes.extend(latin1);
+    bytes.push(b'\n');
+    bytes.extend(user("last", "bye").as_bytes());
+    bytes.push(b'\n');
+    let path = dir.path().join("batch_input.jsonl");
+    std::fs::write(&path, bytes).unwrap();
+    let source = OpenAiBatchSource::from_data_dir(&path).unwrap();
+
+    // `error`: the BOM'd first record reads; the empty prompt stops the stream at line 2.
+    let mut it = source.records();
+    assert_eq!(it.next().unwrap().unwrap().id, "first");
+    let e = it.next().unwrap().unwrap_err().to_string();
+    assert!(
+        e.contains("batch_input.jsonl:2:") && e.contains("user message is empty"),
+        "{e}"
+    );
+    // Each bad line alone names its line and what is wrong.
+    for (line, want) in [(3, "unknown role \"wizard\""), (4, "not valid UTF-8")] {
+        let only = dir.path().join(format!("line{line}.jsonl"));
+        let text = std::fs::read(&path).unwrap();
+        let chosen = text.split(|b| *b == b'\n').nth(line - 1).unwrap().to_vec();
+        std::fs::write(&only, [b"\n".repeat(line - 1), chosen].concat()).unwrap();
+        let e = OpenAiBatchSource::from_data_dir(&only)
+            .unwrap()
+            .records()
+            .next()
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!(":{line}:")) && e.contains(want), "{e}");
+    }
+
+    // `skip`: the good records kept (the BOM'd one included), each bad one counted by reason.
+    let skip = OpenAiBatchSource {
+        policy: BadRecordPolicy::Skip,
+        ..source
+    };
+    let mut it = skip.records();
+    let ok: Vec<_> = it.by_ref().collect::<Result<_, _>>().unwrap();
+    assert_eq!(
+        ok.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+        vec!["first", "last"]
+    );
+    let counts = &it.skipped().counts;
+    assert_eq!(counts[&BadRecordKind::EmptyPrompt], 1);
+    assert_eq!(counts[&BadRecordKind::UnknownRole], 1);
+    assert_eq!(counts[&BadRecordKind::InvalidUtf8], 1);
+}
+
 #[test]
 fn qa_sets_from_array_and_jsonl_with_dotted_keys() {
     let keys = QaKeys {
