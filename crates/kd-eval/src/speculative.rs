@@ -1,0 +1,456 @@
+//! Speculative decoding (Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023, arXiv
+//! 2302.01318): the draft proposes `k` tokens one at a time, the target scores all of them in
+//! one forward pass over its KV cache, the longest acceptable prefix is kept, and one more
+//! token comes from the target (the correction at the first rejection, or the bonus token
+//! after `k` acceptances). Both caches then roll back to the accepted prefix.
+//!
+//! Greedy decoding accepts a drafted token when it is the target's argmax, so the output is
+//! the target's own greedy output. Sampling accepts token x with probability
+//! min(1, p(x)/q(x)) and on rejection draws from norm(max(0, p − q)), so the output follows
+//! the target's (warped) sampling distribution exactly; p and q are the target's and the
+//! draft's distributions after the same temperature / top-k / top-p.
+
+use std::time::Instant;
+
+use kd_model::sampling::{argmax, distribution, sample_from};
+use kd_model::{
+    Completion, FinishReason, ForwardOptions, KvCache, Llama, PaddingSide, Sampling, SeededPrompt,
+    TokenBatch, to_host,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EvalError, Result};
+
+/// What [`speculative_generate`] does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpecConfig {
+    /// Tokens the draft proposes per verification (≥ 1).
+    pub k: usize,
+    /// Tokens to generate at most per prompt.
+    pub max_new_tokens: usize,
+    /// Greedy (temperature 0) or sampled; applied to both models.
+    pub sampling: Sampling,
+    /// Ids that end a completion; the target's eos ids when empty.
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        Self {
+            k: 4,
+            max_new_tokens: 64,
+            sampling: Sampling::GREEDY,
+            stop_token_ids: Vec::new(),
+        }
+    }
+}
+
+/// Counts gathered while decoding; [`SpecStats::merge`] adds runs together.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpecStats {
+    /// Tokens drafted per verification.
+    pub k: usize,
+    /// Verifications (target forward passes over drafted tokens), summed over rows.
+    pub verify_steps: usize,
+    /// Drafted tokens (k per verification).
+    pub drafted: usize,
+    /// Drafted tokens accepted.
+    pub accepted: usize,
+    /// Tokens emitted into completions (after cutting at stop tokens and the length limit).
+    pub emitted: usize,
+    /// `reached[i]`: verifications in which drafted position i was examined (every earlier
+    /// draft accepted).
+    pub reached: Vec<usize>,
+    /// `accepted_at[i]`: verifications in which drafted position i was accepted.
+    pub accepted_at: Vec<usize>,
+    /// Σ over examined positions of Σ_x min(p(x), q(x)) (see [`SpecStats::alpha`]).
+    pub alpha_sum: f64,
+    /// Examined positions where the argmax of p equals the argmax of q.
+    pub top1_agree: usize,
+    /// Positions examined (the denominator of α and top-1 agreement).
+    pub examined: usize,
+    /// Forward passes of the draft.
+    pub draft_forwards: usize,
+    /// Forward passes of the target.
+    pub target_forwards: usize,
+    /// Seconds in draft forward passes.
+    pub draft_seconds: f64,
+    /// Seconds in target forward passes.
+    pub target_seconds: f64,
+}
+
+impl SpecStats {
+    fn new(k: usize) -> Self {
+        Self {
+            k,
+            reached: vec![0; k],
+            accepted_at: vec![0; k],
+            ..Self::default()
+        }
+    }
+
+    /// Adds another run's counts (same k).
+    pub fn merge(&mut self, o: &Self) {
+        if self.reached.is_empty() {
+            self.k = o.k;
+            self.reached = vec![0; o.k];
+            self.accepted_at = vec![0; o.k];
+        }
+        self.verify_steps += o.verify_steps;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.emitted += o.emitted;
+        for (a, b) in self.reached.iter_mut().zip(&o.reached) {
+            *a += b;
+        }
+        for (a, b) in self.accepted_at.iter_mut().zip(&o.accepted_at) {
+            *a += b;
+        }
+        self.alpha_sum += o.alpha_sum;
+        self.top1_agree += o.top1_agree;
+        self.examined += o.examined;
+        self.draft_forwards += o.draft_forwards;
+        self.target_forwards += o.target_forwards;
+        self.draft_seconds += o.draft_seconds;
+        self.target_seconds += o.target_seconds;
+    }
+
+    /// Accepted drafted tokens / drafted tokens.
+    pub fn acceptance_rate(&self) -> f64 {
+        ratio(self.accepted, self.drafted)
+    }
+
+    /// Drafted tokens accepted per verification (the bonus / correction token not counted).
+    pub fn mean_accepted_length(&self) -> f64 {
+        ratio(self.accepted, self.verify_steps)
+    }
+
+    /// Tokens gained per verification, counting the target's own token (the bonus after k
+    /// acceptances, or the correction at the first rejection): `mean_accepted_length + 1`.
+    pub fn mean_accepted_length_with_bonus(&self) -> f64 {
+        ratio(self.accepted + self.verify_steps, self.verify_steps)
+    }
+
+    /// P(position i accepted | every earlier position accepted), for i = 0..k.
+    pub fn per_position_acceptance(&self) -> Vec<f64> {
+        self.accepted_at
+            .iter()
+            .zip(&self.reached)
+            .map(|(a, r)| ratio(*a, *r))
+            .collect()
+    }
+
+    /// α = E[Σ_x min(p(x), q(x))] over the examined positions: the probability that
+    /// speculative *sampling* accepts a draft. With sampling, p and q are the warped
+    /// distributions decoding used; with greedy decoding they are the plain softmax at
+    /// temperature 1 (what sampling at T = 1 would accept).
+    pub fn alpha(&self) -> f64 {
+        if self.examined == 0 {
+            0.0
+        } else {
+            self.alpha_sum / self.examined as f64
+        }
+    }
+
+    /// Share of examined positions where the draft's argmax equals the target's.
+    pub fn top1_agreement(&self) -> f64 {
+        ratio(self.top1_agree, self.examined)
+    }
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// Completions and the counts of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecOutput {
+    /// One completion per prompt, in input order.
+    pub completions: Vec<Completion>,
+    /// Acceptance counts and timings.
+    pub stats: SpecStats,
+}
+
+/// Checks that a draft can serve a target: same vocabulary size. (Whether the two
+/// tokenizers map ids to the same strings is the caller's to check.)
+pub fn check_pair(target: &Llama, draft: &Llama) -> Result<()> {
+    let (t, d) = (target.config().vocab_size, draft.config().vocab_size);
+    if t != d {
+        return Err(EvalError::VocabMismatch {
+            target: t,
+            draft: d,
+        });
+    }
+    Ok(())
+}
+
+/// A row being decoded.
+struct Row {
+    /// Index into the outputs.
+    out: usize,
+    rng: ChaCha8Rng,
+    /// Tokens the target has not been fed yet (the whole prompt at first, then the last
+    /// token).
+    target_pending: Vec<u32>,
+    /// Tokens the draft has not been fed yet.
+    draft_pending: Vec<u32>,
+}
+
+/// Decodes all `prompts` as one batch with the draft proposing `config.k` tokens per target
+/// pass (rows finish independently); results in input order.
+pub fn speculative_generate(
+    target: &Llama,
+    draft: &Llama,
+    prompts: &[SeededPrompt<'_>],
+    config: &SpecConfig,
+) -> Result<SpecOutput> {
+    check_pair(target, draft)?;
+    config.sampling.validate()?;
+    target.check_prompts(prompts)?;
+    if config.k == 0 {
+        return Err(EvalError::Config(
+            "k (tokens drafted per verification) must be at least 1".into(),
+        ));
+    }
+    let k = config.k;
+    let vocab = target.config().vocab_size;
+    let stop = if config.stop_token_ids.is_empty() {
+        target.config().eos_token_ids.clone()
+    } else {
+        config.stop_token_ids.clone()
+    };
+    let mut stats = SpecStats::new(k);
+    let mut out: Vec<Completion> = prompts
+        .iter()
+        .map(|_| Completion {
+            ids: Vec::new(),
+            finish_reason: FinishReason::Length,
+            logprobs: None,
+        })
+        .collect();
+    if prompts.is_empty() || config.max_new_tokens == 0 {
+        return Ok(SpecOutput {
+            completions: out,
+            stats,
+        });
+    }
+    let mut rows: Vec<Row> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Row {
+            out: i,
+            rng: ChaCha8Rng::seed_from_u64(p.seed),
+            target_pending: p.ids.to_vec(),
+            draft_pending: p.ids.to_vec(),
+        })
+        .collect();
+    let mut target_cache = target.new_cache();
+    let mut draft_cache = draft.new_cache();
+    let sampling = config.sampling;
+    let greedy = sampling.is_greedy();
+    let (t_pad, d_pad) = (target.pad_id(), draft.pad_id());
+
+    while !rows.is_empty() {
+        let n = rows.len();
+        // 1. The draft proposes k tokens per row, one forward pass each.
+        let draft_base: Vec<i64> = real_lengths(&draft_cache, n);
+        let mut drafts: Vec<Vec<u32>> = vec![Vec::with_capacity(k); n];
+        let mut draft_logits: Vec<Vec<f32>> = Vec::with_capacity(k);
+        let mut fed: Vec<Vec<u32>> = rows.iter().map(|r| r.draft_pending.clone()).collect();
+        for i in 0..k {
+            let batch = TokenBatch::from_rows(&fed, d_pad, PaddingSide::Left);
+            let started = Instant::now();
+            let logits = draft
+                .forward_cached(&batch, &mut draft_cache, &ForwardOptions::last_positions(1))?
+                .into_logits()?;
+            let logits = to_host(logits);
+            stats.draft_seconds += started.elapsed().as_secs_f64();
+            stats.draft_forwards += 1;
+            for (r, row) in rows.iter_mut().enumerate() {
+                let z = &logits[r * vocab..(r + 1) * vocab];
+                let tok = if greedy {
+                    argmax(z)
+                } else {
+                    sample_from(&distribution(z, &sampling), &mut row.rng)
+                };
+                drafts[r].push(tok);
+            }
+            draft_logits.push(logits);
+            if i + 1 < k {
+                fed = drafts.iter().map(|d| vec![d[i]]).collect();
+            }
+        }
+        // The draft has now been fed its pending tokens and the first k − 1 drafts.
+        let draft_fed: Vec<i64> = rows
+            .iter()
+            .map(|r| r.draft_pending.len() as i64 + k as i64 - 1)
+            .collect();
+
+        // 2. The target scores the pending tokens and all k drafts in one pass.
+        let target_base: Vec<i64> = real_lengths(&target_cache, n);
+        let verify: Vec<Vec<u32>> = rows
+            .iter()
+            .zip(&drafts)
+            .map(|(r, d)| r.target_pending.iter().chain(d).copied().collect())
+            .collect();
+        let batch = TokenBatch::from_rows(&verify, t_pad, PaddingSide::Left);
+        let started = Instant::now();
+        let logits = target
+            .forward_cached(
+                &batch,
+                &mut target_cache,
+                &ForwardOptions::last_positions(k + 1),
+            )?
+            .into_logits()?;
+        let target_logits = to_host(logits);
+        stats.target_seconds += started.elapsed().as_secs_f64();
+        stats.target_forwards += 1;
+
+        // 3. Accept, correct or add the bonus token; roll both caches back.
+        let mut keep_target = Vec::with_capacity(n);
+        let mut keep_draft = Vec::with_capacity(n);
+        let mut still_active = Vec::with_capacity(n);
+        for (r, row) in rows.iter_mut().enumerate() {
+            let p_at = |i: usize| {
+                let at = (r * (k + 1) + i) * vocab;
+                &target_logits[at..at + vocab]
+            };
+            let q_at = |i: usize| &draft_logits[i][r * vocab..(r + 1) * vocab];
+            let mut accepted = 0;
+            let mut next = None;
+            for (i, &d) in drafts[r].iter().enumerate() {
+                let (zp, zq) = (p_at(i), q_at(i));
+                stats.reached[i] += 1;
+                stats.examined += 1;
+                if argmax(zp) == argmax(zq) {
+                    stats.top1_agree += 1;
+                }
+                let ok = if greedy {
+                    stats.alpha_sum += overlap(&softmax(zp), &softmax(zq));
+                    argmax(zp) == d
+                } else {
+                    let (p, q) = (distribution(zp, &sampling), distribution(zq, &sampling));
+                    stats.alpha_sum += overlap(&p, &q);
+                    let (pd, qd) = (p[d as usize], q[d as usize]);
+                    let u: f32 = row.rng.random();
+                    // q(d) > 0: d was drawn from q.
+                    let ok = u < (pd / qd).min(1.0);
+                    if !ok {
+                        next = Some(residual_sample(&p, &q, &mut row.rng));
+                    }
+                    ok
+                };
+                if ok {
+                    accepted += 1;
+                    stats.accepted_at[i] += 1;
+                } else {
+                    if greedy {
+                        next = Some(argmax(zp));
+                    }
+                    break;
+                }
+            }
+            let next = next.unwrap_or_else(|| {
+                let zp = p_at(k);
+                if greedy {
+                    argmax(zp)
+                } else {
+                    sample_from(&distribution(zp, &sampling), &mut row.rng)
+                }
+            });
+            stats.verify_steps += 1;
+            stats.drafted += k;
+            stats.accepted += accepted;
+
+            // Emit the accepted drafts and the target's token, cut at stop / length.
+            let c = &mut out[row.out];
+            let mut done = false;
+            for tok in drafts[r][..accepted].iter().copied().chain([next]) {
+                c.ids.push(tok);
+                stats.emitted += 1;
+                if stop.contains(&tok) {
+                    c.finish_reason = FinishReason::Stop;
+                    done = true;
+                } else if c.ids.len() >= config.max_new_tokens {
+                    done = true;
+                }
+                if done {
+                    break;
+                }
+            }
+            keep_target.push(target_base[r] + row.target_pending.len() as i64 + accepted as i64);
+            keep_draft
+                .push(draft_base[r] + row.draft_pending.len() as i64 + accepted.min(k - 1) as i64);
+            if !done {
+                still_active.push(r);
+                row.target_pending = vec![next];
+                row.draft_pending = if accepted == k {
+                    vec![drafts[r][k - 1], next]
+                } else {
+                    vec![next]
+                };
+            }
+            debug_assert!(keep_draft[r] <= draft_base[r] + draft_fed[r]);
+        }
+        target_cache.truncate(&keep_target)?;
+        draft_cache.truncate(&keep_draft)?;
+        if still_active.len() < n {
+            if still_active.is_empty() {
+                break;
+            }
+            target_cache.retain_rows(&still_active)?;
+            draft_cache.retain_rows(&still_active)?;
+            let mut old: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
+            rows = still_active
+                .iter()
+                .map(|r| old[*r].take().expect("each row is kept once"))
+                .collect();
+        }
+    }
+    Ok(SpecOutput {
+        completions: out,
+        stats,
+    })
+}
+
+/// Real tokens cached per row (0 for every row of an empty cache).
+fn real_lengths(cache: &KvCache, rows: usize) -> Vec<i64> {
+    if cache.batch_size().is_some() {
+        cache.real_lengths().to_vec()
+    } else {
+        vec![0; rows]
+    }
+}
+
+/// softmax(z) at temperature 1.
+fn softmax(z: &[f32]) -> Vec<f32> {
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut e: Vec<f32> = z.iter().map(|v| (v - max).exp()).collect();
+    let s: f32 = e.iter().sum();
+    for v in &mut e {
+        *v /= s;
+    }
+    e
+}
+
+/// Σ_x min(p(x), q(x)).
+fn overlap(p: &[f32], q: &[f32]) -> f64 {
+    p.iter().zip(q).map(|(a, b)| a.min(*b) as f64).sum()
+}
+
+/// A draw from norm(max(0, p − q)); from p itself when the residual has no mass (p ≤ q
+/// everywhere up to rounding, which makes a rejection all but impossible).
+fn residual_sample(p: &[f32], q: &[f32], rng: &mut ChaCha8Rng) -> u32 {
+    let mut r: Vec<f32> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+    let total: f32 = r.iter().sum();
+    if total <= 0.0 || !total.is_finite() {
+        return sample_from(p, rng);
+    }
+    for v in &mut r {
+        *v /= total;
+    }
+    sample_from(&r, rng)
+}

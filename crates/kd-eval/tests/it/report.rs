@@ -1,0 +1,42 @@
+//! The acceptance report on the fixtures.
+
+use kd_eval::{EvalOptions, EvalPhase, SpecConfig, evaluate, expected_length};
+
+use crate::{load, prompts};
+
+#[test]
+fn report_counts_agree_with_each_other() {
+    let target = load("tiny-llama3");
+    let draft = load("tiny-llama3").keep_layers(&[0, 1]).unwrap();
+    let prompts = prompts(10);
+    let options = EvalOptions {
+        spec: SpecConfig {
+            k: 4,
+            max_new_tokens: 12,
+            ..SpecConfig::default()
+        },
+        batch_size: 4,
+        ..EvalOptions::default()
+    };
+    let mut phases = Vec::new();
+    let r = evaluate(&target, &draft, &prompts, &options, |phase, done, total| {
+        assert!(done <= total);
+        phases.push(phase);
+    })
+    .unwrap();
+    assert_eq!(r.prompts, 10);
+    assert_eq!(r.greedy_identical_rows, Some(10));
+    assert!(phases.contains(&EvalPhase::Speculative) && phases.contains(&EvalPhase::Draft));
+    let s = &r.stats;
+    assert!((r.mean_accepted_length_with_bonus - r.mean_accepted_length - 1.0).abs() < 1e-12);
+    assert!((r.acceptance_rate * 4.0 - r.mean_accepted_length).abs() < 1e-9);
+    // Position 0 is examined at every verification, later ones only after acceptances.
+    assert_eq!(s.reached[0], s.verify_steps);
+    assert!(s.reached.windows(2).all(|w| w[0] >= w[1]));
+    assert_eq!(s.reached[1], s.accepted_at[0]);
+    assert_eq!(r.expected_length_from_alpha, expected_length(r.alpha, 4));
+    let c = r.cost_ratio.unwrap();
+    assert!(c > 0.0 && c.is_finite());
+    assert!(r.measured_speedup.unwrap() > 0.0);
+    assert!(r.summary().contains("mean accepted length"));
+}
