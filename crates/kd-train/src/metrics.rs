@@ -169,13 +169,16 @@ fn now() -> f64 {
 }
 
 impl TensorBoard {
-    /// Creates a new event file in `dir`.
+    /// Creates a new event file in `dir` (several writers of one process may share a
+    /// directory: each gets a file of its own, and TensorBoard reads them as one run).
     pub fn create(dir: &Path) -> Result<Self> {
+        static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         std::fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
         let t = now();
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+        let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = dir.join(format!(
-            "events.out.tfevents.{}.{}.{}",
+            "events.out.tfevents.{}.{}.{}.{n}",
             t as u64,
             host,
             std::process::id()
