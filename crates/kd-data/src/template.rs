@@ -18,6 +18,7 @@ const NAME: &str = "chat_template";
 pub struct ChatTemplate {
     env: Environment<'static>,
     special_tokens: BTreeMap<String, String>,
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -45,7 +46,13 @@ impl ChatTemplate {
         Ok(Self {
             env,
             special_tokens,
+            source: source.to_string(),
         })
+    }
+
+    /// The template's Jinja source (for cache keys: a changed template changes the prompts).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages` (a JSON list of `{role, content, …}` objects, as in the OpenAI

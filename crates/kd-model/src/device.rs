@@ -32,6 +32,11 @@ pub fn parse_device(name: &str) -> Result<Device> {
     })
 }
 
+/// Whether this build has CUDA support (the `cuda` feature).
+pub fn cuda_compiled() -> bool {
+    cfg!(feature = "cuda")
+}
+
 /// Parses a comma-separated device list (`"cuda:0,cuda:1"`, or GPU indices `"0,1"` as the
 /// seed's `--target_gpus` gives them).
 pub fn parse_device_list(list: &str) -> Result<Vec<Device>> {

@@ -51,7 +51,7 @@ use burn::tensor::Device;
 pub use batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
 pub use cache::KvCache;
 pub use config::{LlamaConfig, RopeScaling, StoredDType};
-pub use device::{parse_device, parse_device_list};
+pub use device::{cuda_compiled, parse_device, parse_device_list};
 pub use error::{ModelError, Result};
 pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
 pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};

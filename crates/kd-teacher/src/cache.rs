@@ -115,6 +115,9 @@ pub struct CacheProgress {
     pub prompts_done: usize,
     /// Whether the last shard came from disk.
     pub reused: bool,
+    /// Tokens of the last shard: generated ids (generation cache) or scored positions
+    /// (score cache).
+    pub tokens: usize,
 }
 
 /// A cache directory of completions.
@@ -223,12 +226,14 @@ impl GenerationCache {
                 write_atomic(&path, &buf)?;
                 gens
             };
+            let tokens = gens.iter().map(|g| g.ids.len()).sum();
             all.extend(gens);
             progress(CacheProgress {
                 shards_done: s + 1,
                 shards: self.shards(),
                 prompts_done: all.len(),
                 reused,
+                tokens,
             });
         }
         Ok(all)
@@ -357,12 +362,14 @@ impl ScoreCache {
                 write_atomic(&path, &self.encode(&scores)?)?;
                 scores
             };
+            let tokens = scores.iter().map(|s| s.len).sum();
             all.extend(scores);
             progress(CacheProgress {
                 shards_done: s + 1,
                 shards,
                 prompts_done: all.len(),
                 reused,
+                tokens,
             });
         }
         Ok(all)
