@@ -36,9 +36,23 @@ pub enum TrainError {
         /// The last one.
         step: usize,
     },
+    /// An output directory that holds another run.
+    #[error("output directory {path}: {message}")]
+    OutputDir {
+        /// The directory.
+        path: PathBuf,
+        /// What it holds and what to do.
+        message: String,
+    },
     /// The model failed.
     #[error(transparent)]
     Model(#[from] kd_model::ModelError),
+    /// The teacher failed.
+    #[error(transparent)]
+    Teacher(#[from] kd_teacher::TeacherError),
+    /// Speculative decoding failed.
+    #[error(transparent)]
+    Eval(#[from] kd_eval::EvalError),
     /// A loss failed.
     #[error(transparent)]
     Loss(#[from] kd_loss::LossError),

@@ -13,6 +13,8 @@
 //!   resumed run ends with the same bytes as an uninterrupted one.
 //! - Metrics: `training_log.txt`, TensorBoard event files under `runs/`, and a
 //!   [`TrainObserver`] for progress bars.
+//! - [`speculator`]: the speculator pipeline as a library function
+//!   ([`speculator::run`]), with its acceptance report, merged export and teacher server.
 #![warn(missing_docs)]
 
 mod checkpoint;
@@ -22,6 +24,7 @@ mod memory;
 mod metrics;
 mod optim;
 mod schedule;
+pub mod speculator;
 mod trainer;
 
 pub use checkpoint::{

@@ -1,0 +1,442 @@
+//! The command line: the seed's flags with their names and defaults (snake_case, as the seed
+//! writes them; every `--a_b` is also accepted as `--a-b`), the subcommands, and the layering
+//! of `--config FILE.yaml` under the flags given.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, Parser, Subcommand};
+use kd_eval::{EvalOptions, SpecConfig};
+use kd_model::{Sampling, SaveDType};
+use kd_train::speculator::{EvalConfig, KeepLayers, ServeTeacherConfig, SpeculatorConfig};
+use serde::Serialize;
+
+fn d() -> SpeculatorConfig {
+    SpeculatorConfig::default()
+}
+
+/// A serde enum's name (`cosine`, `forward_kl`, `sglang`).
+fn name<T: Serialize>(v: T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Train a draft model for speculative decoding on a target model's generations.
+///
+/// Without a subcommand, `train` runs (so the seed's command lines work as written).
+#[derive(Parser, Debug)]
+#[command(
+    name = "speculator",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    /// What to do (default: train).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// `train`'s flags, accepted without the subcommand.
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate with the target, train the draft's LoRA adapters, measure acceptance before
+    /// and after (the default).
+    Train(Box<TrainArgs>),
+    /// The acceptance report of a target/draft pair (with an adapter or not).
+    Eval(EvalArgs),
+    /// Merge an adapter into its base model: a Hugging Face directory to serve as the draft.
+    Merge(MergeArgs),
+    /// Serve the target over SGLang's and OpenAI's HTTP APIs (generation on one machine,
+    /// training on another with --teacher_url).
+    ServeTeacher(ServeArgs),
+    /// Derive a draft from a model: keep some decoder layers, share embeddings, norm and head.
+    DeriveDraft(DeriveArgs),
+}
+
+/// `speculator derive-draft`.
+#[derive(Args, Debug)]
+#[command(rename_all = "snake_case")]
+pub struct DeriveArgs {
+    /// The model to derive from (usually the target).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Layer indices to keep, e.g. 0,4,8.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "keep",
+        required_unless_present = "keep"
+    )]
+    pub layers: Vec<usize>,
+    /// Keep N layers spread evenly (first and last included).
+    #[arg(long)]
+    pub keep: Option<usize>,
+    /// Where the draft goes.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+impl DeriveArgs {
+    /// The layers to keep.
+    pub fn keep(&self) -> KeepLayers {
+        match self.keep {
+            Some(n) => KeepLayers::Evenly(n),
+            None => KeepLayers::Layers(self.layers.clone()),
+        }
+    }
+}
+
+/// `speculator train`: the seed's flags and this toolkit's additions.
+#[derive(Args, Debug, Serialize)]
+#[command(rename_all = "snake_case")]
+pub struct TrainArgs {
+    /// A YAML file of flag names → values; flags given on the command line override it.
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Check everything, print the plan and sizes, write nothing.
+    #[arg(long)]
+    #[serde(skip)]
+    pub dry_run: bool,
+
+    /// Path of the target (teacher) model.
+    #[arg(long, default_value_os_t = d().target_model)]
+    pub target_model: PathBuf,
+    /// Path of the draft (student) model.
+    #[arg(long, default_value_os_t = d().draft_model)]
+    pub draft_model: PathBuf,
+    /// Directory containing */batch_input.jsonl files.
+    #[arg(long, default_value_os_t = d().data_dir)]
+    pub data_dir: PathBuf,
+    /// Output directory for checkpoints.
+    #[arg(long, default_value_os_t = d().output_dir)]
+    pub output_dir: PathBuf,
+    /// Batch size of the target's generation.
+    #[arg(long, default_value_t = d().batch_size)]
+    pub batch_size: usize,
+    /// Training batch size per device.
+    #[arg(long, default_value_t = d().train_batch_size)]
+    pub train_batch_size: usize,
+    /// Gradient accumulation steps.
+    #[arg(long, default_value_t = d().gradient_accumulation_steps)]
+    pub gradient_accumulation_steps: usize,
+    /// Number of training epochs.
+    #[arg(long, default_value_t = d().num_epochs)]
+    pub num_epochs: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = d().learning_rate)]
+    pub learning_rate: f64,
+    /// Warmup ratio.
+    #[arg(long, default_value_t = d().warmup_ratio)]
+    pub warmup_ratio: f64,
+    /// LR scheduler type: cosine, linear or constant.
+    #[arg(long, default_value_t = name(d().scheduler_type))]
+    pub scheduler_type: String,
+    /// Maximum sequence length.
+    #[arg(long, default_value_t = d().max_seq_length)]
+    pub max_seq_length: usize,
+    /// Enable the hidden-state distillation loss (a learned projection bridges different
+    /// widths).
+    #[arg(long)]
+    pub use_distillation: bool,
+    /// Weight of the distillation loss.
+    #[arg(long, default_value_t = d().distillation_weight)]
+    pub distillation_weight: f64,
+    /// Weight of the cross-entropy loss.
+    #[arg(long, default_value_t = d().ce_weight)]
+    pub ce_weight: f64,
+    /// Temperature for distillation (of the --kd_weight term).
+    #[arg(long, default_value_t = d().temperature)]
+    pub temperature: f64,
+    /// LoRA rank.
+    #[arg(long, default_value_t = d().lora_r)]
+    pub lora_r: usize,
+    /// LoRA alpha.
+    #[arg(long, default_value_t = d().lora_alpha)]
+    pub lora_alpha: f64,
+    /// LoRA dropout.
+    #[arg(long, default_value_t = d().lora_dropout)]
+    pub lora_dropout: f64,
+    /// Devices of the target: GPU ids ("0,1,2,3"), cuda:N, or cpu (the default without CUDA).
+    #[arg(long, default_value_t = d().target_gpus)]
+    pub target_gpus: String,
+    /// Devices of the draft.
+    #[arg(long, default_value_t = d().draft_gpus)]
+    pub draft_gpus: String,
+    /// Save a checkpoint every N steps.
+    #[arg(long, default_value_t = d().save_steps)]
+    pub save_steps: usize,
+    /// Maximum step checkpoints to keep.
+    #[arg(long, default_value_t = d().save_total_limit)]
+    pub save_total_limit: usize,
+    /// Log every N steps.
+    #[arg(long, default_value_t = d().logging_steps)]
+    pub logging_steps: usize,
+    /// Limit the number of training samples.
+    #[arg(long)]
+    pub max_samples: Option<usize>,
+
+    /// Weight of a token-level KD term over the target's top-k log-probs (0 = off).
+    #[arg(long, default_value_t = d().kd_weight)]
+    pub kd_weight: f64,
+    /// Its divergence: forward_kl, reverse_kl, skewed_forward_kl, skewed_reverse_kl,
+    /// adaptive_kl, js_divergence, tv_distance.
+    #[arg(long, default_value_t = name(d().kd_objective))]
+    pub kd_objective: String,
+    /// Log-probs per position the target records for it.
+    #[arg(long, default_value_t = d().kd_topk)]
+    pub kd_topk: usize,
+    /// A remote teacher (e.g. http://gpu-box:30000) instead of loading the target here.
+    #[arg(long)]
+    pub teacher_url: Option<String>,
+    /// The remote teacher's API: sglang (/generate) or openai (/v1/completions).
+    #[arg(long, default_value_t = name(d().teacher_api))]
+    pub teacher_api: String,
+    /// The served model's name (OpenAI API).
+    #[arg(long)]
+    pub teacher_model_name: Option<String>,
+    /// Tokens the target generates at most per prompt.
+    #[arg(long, default_value_t = d().max_new_tokens)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature of the target's generations (0 = greedy).
+    #[arg(long, default_value_t = d().generation_temperature)]
+    pub generation_temperature: f32,
+    /// Top-p of the target's generations.
+    #[arg(long, default_value_t = d().generation_top_p)]
+    pub generation_top_p: f32,
+    /// Top-k of the target's generations (0 = all).
+    #[arg(long, default_value_t = d().generation_top_k)]
+    pub generation_top_k: usize,
+    /// Seed of the split, data order, LoRA init, dropout and sampling.
+    #[arg(long, default_value_t = d().seed)]
+    pub seed: u64,
+    /// Continue a run exactly: `latest` or a checkpoint directory.
+    #[arg(long, conflicts_with = "init_adapter")]
+    pub resume_from_checkpoint: Option<String>,
+    /// Start from these adapter weights (a warm start; fresh optimizer and schedule).
+    #[arg(long)]
+    pub init_adapter: Option<PathBuf>,
+    /// Share of prompts held out for the acceptance measurement.
+    #[arg(long, default_value_t = d().eval_fraction)]
+    pub eval_fraction: f64,
+    /// At most this many held-out prompts.
+    #[arg(long, default_value_t = d().eval_max_prompts)]
+    pub eval_max_prompts: usize,
+    /// Tokens drafted per verification when measuring acceptance.
+    #[arg(long, default_value_t = d().eval_k)]
+    pub eval_k: usize,
+    /// Measure acceptance at checkpoints every N steps too (0 = before/after only).
+    #[arg(long, default_value_t = d().eval_steps)]
+    pub eval_steps: usize,
+    /// Tokens generated per held-out prompt when measuring acceptance.
+    #[arg(long, default_value_t = d().eval_max_new_tokens)]
+    pub eval_max_new_tokens: usize,
+    /// Held-out prompts decoded together when measuring acceptance.
+    #[arg(long, default_value_t = d().eval_batch_size)]
+    pub eval_batch_size: usize,
+    /// Sampling temperature when measuring acceptance (0 = greedy).
+    #[arg(long, default_value_t = d().eval_temperature)]
+    pub eval_temperature: f32,
+    /// Draft hidden state distilled (output_hidden_states index; default the last).
+    #[arg(long)]
+    pub distill_draft_layer: Option<usize>,
+    /// Target hidden state it is compared with (default the last).
+    #[arg(long)]
+    pub distill_target_layer: Option<usize>,
+    /// Modules that get LoRA adapters.
+    #[arg(long, value_delimiter = ',', default_values_t = d().lora_target_modules)]
+    pub lora_target_modules: Vec<String>,
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = d().weight_decay)]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0 = off).
+    #[arg(long, default_value_t = d().max_grad_norm)]
+    pub max_grad_norm: f64,
+}
+
+/// `speculator eval`.
+#[derive(Args, Debug)]
+#[command(rename_all = "snake_case")]
+pub struct EvalArgs {
+    /// Path of the target model.
+    #[arg(long)]
+    pub target_model: PathBuf,
+    /// Path of the draft model.
+    #[arg(long)]
+    pub draft_model: PathBuf,
+    /// A PEFT adapter for the draft (e.g. a checkpoint of `speculator train`).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// Directory containing */batch_input.jsonl files.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Prompts to use (a seeded sample).
+    #[arg(long, default_value_t = 200)]
+    pub max_samples: usize,
+    /// Tokens drafted per verification.
+    #[arg(long, default_value_t = d().eval_k)]
+    pub eval_k: usize,
+    /// Tokens generated per prompt.
+    #[arg(long, default_value_t = d().eval_max_new_tokens)]
+    pub eval_max_new_tokens: usize,
+    /// Prompts decoded together.
+    #[arg(long, default_value_t = d().eval_batch_size)]
+    pub eval_batch_size: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = d().eval_temperature)]
+    pub eval_temperature: f32,
+    /// A draft/target cost ratio for the theoretical speedup (default: measured).
+    #[arg(long)]
+    pub cost_ratio: Option<f64>,
+    /// Seed of the prompt sample and of sampling.
+    #[arg(long, default_value_t = d().seed)]
+    pub seed: u64,
+    /// Device of both models.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+impl EvalArgs {
+    /// The library configuration.
+    pub fn config(&self) -> EvalConfig {
+        EvalConfig {
+            target_model: self.target_model.clone(),
+            draft_model: self.draft_model.clone(),
+            adapter: self.adapter.clone(),
+            data_dir: self.data_dir.clone(),
+            max_samples: Some(self.max_samples),
+            device: self.device.clone(),
+            options: EvalOptions {
+                spec: SpecConfig {
+                    k: self.eval_k,
+                    max_new_tokens: self.eval_max_new_tokens,
+                    sampling: Sampling::temperature(self.eval_temperature),
+                    stop_token_ids: Vec::new(),
+                },
+                batch_size: self.eval_batch_size,
+                seed: self.seed,
+                baselines: true,
+                cost_ratio: self.cost_ratio,
+            },
+        }
+    }
+}
+
+/// `speculator merge`.
+#[derive(Args, Debug)]
+#[command(rename_all = "snake_case")]
+pub struct MergeArgs {
+    /// The adapter (a checkpoint directory).
+    #[arg(long)]
+    pub adapter: PathBuf,
+    /// Where the merged model goes.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The base model (default: the adapter's base_model_name_or_path).
+    #[arg(long)]
+    pub base_model: Option<PathBuf>,
+    /// Weight dtype of the export: bf16, f16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "f16", "f32"])]
+    pub dtype: String,
+}
+
+impl MergeArgs {
+    /// The export dtype.
+    pub fn dtype(&self) -> SaveDType {
+        match self.dtype.as_str() {
+            "f16" => SaveDType::F16,
+            "f32" => SaveDType::F32,
+            _ => SaveDType::BF16,
+        }
+    }
+}
+
+/// `speculator serve-teacher`.
+#[derive(Args, Debug)]
+#[command(rename_all = "snake_case")]
+pub struct ServeArgs {
+    /// Path of the target model.
+    #[arg(long)]
+    pub target_model: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:30000")]
+    pub listen: String,
+    /// Device.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Prompts generated together.
+    #[arg(long, default_value_t = d().batch_size)]
+    pub batch_size: usize,
+    /// The model name reported to clients.
+    #[arg(long, default_value = "teacher")]
+    pub model_name: String,
+    /// Require `Authorization: Bearer <key>` with the key in this environment variable.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+}
+
+impl ServeArgs {
+    /// The library configuration.
+    pub fn config(&self) -> ServeTeacherConfig {
+        let mut c = ServeTeacherConfig {
+            target_model: self.target_model.clone(),
+            listen: self.listen.clone(),
+            device: self.device.clone(),
+            batch_size: self.batch_size,
+            ..ServeTeacherConfig::default()
+        };
+        c.server.model_name = self.model_name.clone();
+        c.server.api_key = self
+            .api_key_env
+            .as_ref()
+            .and_then(|v| std::env::var(v).ok());
+        c
+    }
+}
+
+/// Adds the kebab-case spelling of every snake_case flag as an alias, in every subcommand.
+fn kebab_aliases(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| match a.get_long().map(str::to_string) {
+        // clap keeps `&'static str` names; the command is built once per process.
+        Some(long) if long.contains('_') => {
+            a.alias(&*Box::leak(long.replace('_', "-").into_boxed_str()))
+        }
+        _ => a,
+    })
+    .mut_subcommands(kebab_aliases)
+}
+
+/// The command with its aliases.
+pub fn command() -> clap::Command {
+    kebab_aliases(Cli::command())
+}
+
+/// The run's configuration: `--config` (when given) with the flags given on the command
+/// line on top; without `--config`, the flags and their defaults (the seed's).
+pub fn train_config(args: &TrainArgs, matches: &ArgMatches) -> Result<SpeculatorConfig> {
+    let all = match serde_json::to_value(args)? {
+        serde_json::Value::Object(m) => m,
+        _ => bail!("the flags serialise to an object"),
+    };
+    let overrides = match &args.config {
+        None => all,
+        Some(_) => all
+            .into_iter()
+            .filter(|(k, _)| matches.value_source(k) == Some(ValueSource::CommandLine))
+            .collect(),
+    };
+    Ok(SpeculatorConfig::layered(
+        args.config.as_deref(),
+        overrides,
+    )?)
+}

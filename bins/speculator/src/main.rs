@@ -1,0 +1,123 @@
+//! `speculator`: trains a draft model for speculative decoding on a target model's
+//! generations, with the speculator seed's flags (`--target_model`, `--lora_r`, …; kebab-case
+//! spellings work too). Flags → [`kd_train::speculator::SpeculatorConfig`] →
+//! [`kd_train::speculator::run`]; everything else here is display.
+//!
+//! ```text
+//! speculator --target_model T --draft_model D --data_dir data --output_dir out   # = train
+//! speculator train --config run.yaml --num_epochs 1                              # flags win
+//! speculator eval --target_model T --draft_model D --adapter out/checkpoint-epoch-2 --data_dir data
+//! speculator merge --adapter out/checkpoint-epoch-2 --out merged
+//! speculator serve-teacher --target_model T --listen 0.0.0.0:30000
+//! speculator derive-draft --from T --keep 2 --out draft
+//! ```
+
+mod args;
+mod display;
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::FromArgMatches;
+
+use crate::args::{Cli, Command, command};
+use crate::display::{Display, print_report, print_summary};
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPECULATOR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let matches = command().get_matches();
+    let cli = Cli::from_arg_matches(&matches)?;
+    match cli.command {
+        None => train(args::train_config(&cli.train, &matches)?, cli.train.dry_run),
+        Some(Command::Train(t)) => {
+            let sub = matches
+                .subcommand_matches("train")
+                .expect("the train subcommand");
+            train(args::train_config(&t, sub)?, t.dry_run)
+        }
+        Some(Command::Eval(e)) => {
+            let config = e.config();
+            let mut display = Display::new();
+            let report = kd_train::speculator::eval(&config, |phase, done, total| {
+                display.eval_progress(phase, done, total)
+            })?;
+            display.finish();
+            print_report("acceptance", &report);
+            if let Some(path) = &e.output {
+                let text = serde_json::to_string_pretty(&report)?;
+                std::fs::write(path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                println!("report written to {}", path.display());
+            }
+            Ok(())
+        }
+        Some(Command::Merge(m)) => {
+            kd_train::speculator::merge(&m.adapter, m.base_model.as_deref(), &m.out, m.dtype())?;
+            println!(
+                "merged {} into a Hugging Face model directory: {}\n  serve it as the draft, e.g. \
+                 SGLang --speculative-draft-model-path {}",
+                m.adapter.display(),
+                m.out.display(),
+                m.out.display()
+            );
+            Ok(())
+        }
+        Some(Command::DeriveDraft(a)) => {
+            let layers = kd_train::speculator::derive_draft(&a.from, &a.keep(), &a.out)?;
+            println!(
+                "derived a {}-layer draft (layers {layers:?} of {}) in {}",
+                layers.len(),
+                a.from.display(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Some(Command::ServeTeacher(s)) => {
+            let config = s.config();
+            let handle = kd_train::speculator::serve_teacher(&config)?;
+            println!(
+                "serving {} at {} (SGLang /generate, OpenAI /v1/completions); Ctrl-C stops",
+                config.target_model.display(),
+                handle.url()
+            );
+            handle.wait()?;
+            Ok(())
+        }
+    }
+}
+
+fn train(config: kd_train::speculator::SpeculatorConfig, dry_run: bool) -> Result<()> {
+    if dry_run {
+        let plan = kd_train::speculator::plan(&config)?;
+        println!("dry run: nothing was read beyond configs and prompts, nothing written");
+        for w in &plan.warnings {
+            println!("warning: {w}");
+        }
+        let width = plan.items.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        for (k, v) in &plan.items {
+            println!("  {k:>width$}  {v}");
+        }
+        return Ok(());
+    }
+    kd_train::retain_freed_memory();
+    let mut display = Display::new();
+    let summary = kd_train::speculator::run(&config, &mut display);
+    display.finish();
+    print_summary(&summary?);
+    Ok(())
+}

@@ -1,0 +1,749 @@
+//! The speculator pipeline end to end: prompts → the target's completions (resumable cache)
+//! → the draft's LoRA training → acceptance of the draft before and after, by real
+//! speculative decoding on held-out prompts.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kd_eval::{AcceptanceReport, EvalOptions, EvalPhase, SpecConfig, evaluate};
+use kd_lora::{LoraConfig, TargetModules, derive_seed};
+use kd_loss::HiddenProjection;
+use kd_model::{Llama, Sampling};
+use kd_teacher::{
+    CacheManifest, CacheProgress, GenerationCache, LocalTeacher, RemoteConfig, RemoteTeacher,
+    ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions, Scores,
+    Teacher, model_fingerprint, prompts_hash, sequences_hash, template_hash,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{TRAINER_STATE_FILE, TrainerState, read_state};
+use crate::config::{TrainConfig, TrainMode};
+use crate::error::{Result, TrainError};
+use crate::metrics::{LogRecord, TensorBoard, TrainObserver};
+use crate::speculator::config::SpeculatorConfig;
+use crate::speculator::data::{Examples, build_examples};
+use crate::speculator::loss::{SpeculatorLoss, TeacherTargets};
+use crate::speculator::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, setup, teacher_cache_dir};
+use crate::trainer::{RunInfo, TrainModel, TrainSummary, train};
+
+/// The stages of a run, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Checking the configuration, reading prompts and loading the models.
+    Setup,
+    /// The target generates completions.
+    Generate,
+    /// The target scores prompt + completion (hidden states, top-k log-probs).
+    Score,
+    /// Acceptance of the untrained draft.
+    EvalBefore,
+    /// LoRA training of the draft.
+    Train,
+    /// Acceptance of the trained draft.
+    EvalAfter,
+}
+
+impl Phase {
+    /// A short name for displays.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Setup => "setup",
+            Self::Generate => "generate",
+            Self::Score => "score",
+            Self::EvalBefore => "eval before",
+            Self::Train => "train",
+            Self::EvalAfter => "eval after",
+        }
+    }
+}
+
+/// Progress callbacks of a run (the binary draws progress bars from them; the library
+/// prints nothing). Training events arrive through the [`TrainObserver`] methods.
+pub trait SpeculatorObserver: TrainObserver {
+    /// A phase starts.
+    fn on_phase(&mut self, _phase: Phase) {}
+    /// Something the user should know that does not stop the run.
+    fn on_warning(&mut self, _message: &str) {}
+    /// A shard of generations (or scores) is done: prompts done of `total`.
+    fn on_teacher_progress(&mut self, _phase: Phase, _progress: &CacheProgress, _total: usize) {}
+    /// Speculative decoding of held-out prompts: `done` of `total` prompts.
+    fn on_eval_progress(&mut self, _phase: EvalPhase, _done: usize, _total: usize) {}
+    /// An acceptance measurement finished (`label`: `before`, `after`, or a checkpoint).
+    fn on_acceptance(&mut self, _label: &str, _report: &AcceptanceReport) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Quiet;
+
+impl TrainObserver for Quiet {}
+impl SpeculatorObserver for Quiet {}
+
+/// Acceptance of one checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointAcceptance {
+    /// The checkpoint directory.
+    pub checkpoint: PathBuf,
+    /// Its optimizer step.
+    pub step: usize,
+    /// The report.
+    pub report: AcceptanceReport,
+}
+
+/// `acceptance.json`: the untrained and the trained draft side by side, with the settings of
+/// the measurement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AcceptanceFile {
+    /// How acceptance was measured.
+    pub options: EvalOptions,
+    /// Number of held-out prompts.
+    pub prompts: usize,
+    /// SHA-256 of the held-out prompts' ids.
+    pub prompts_hash: String,
+    /// The draft before training.
+    pub before: Option<AcceptanceReport>,
+    /// The draft after training.
+    pub after: Option<AcceptanceReport>,
+    /// Every checkpoint measured during training (`--eval_steps`).
+    pub checkpoints: Vec<CheckpointAcceptance>,
+    /// The checkpoint with the longest mean accepted length.
+    pub best_checkpoint: Option<PathBuf>,
+}
+
+/// How a run went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculatorSummary {
+    /// Where everything was written.
+    pub output_dir: PathBuf,
+    /// Prompts read, used for training, held out.
+    pub prompts: (usize, usize, usize),
+    /// Tokens the target generated (cached shards included).
+    pub generated_tokens: usize,
+    /// Completions the target returned empty (not trained on).
+    pub empty_completions: usize,
+    /// Label tokens trained on per epoch.
+    pub trained_tokens_per_epoch: usize,
+    /// Wall time of each phase.
+    pub phase_seconds: Vec<(Phase, f64)>,
+    /// The trainer's summary.
+    pub train: TrainSummary,
+    /// The last logged losses.
+    pub last_log: Option<LogRecord>,
+    /// Acceptance before and after training (absent when the target is remote only or no
+    /// prompt is held out).
+    pub acceptance: Option<AcceptanceFile>,
+    /// `acceptance.json`, when written.
+    pub acceptance_path: Option<PathBuf>,
+    /// Non-fatal problems met on the way.
+    pub warnings: Vec<String>,
+}
+
+/// The teacher of a run.
+enum TeacherBackend {
+    Local(Box<LocalTeacher>),
+    Replicated(ReplicatedTeacher<LocalTeacher>),
+    Remote(Box<RemoteTeacher>, Option<Box<Llama>>),
+}
+
+impl TeacherBackend {
+    fn teacher(&self) -> &dyn Teacher {
+        match self {
+            Self::Local(t) => t.as_ref(),
+            Self::Replicated(t) => t,
+            Self::Remote(t, _) => t.as_ref(),
+        }
+    }
+
+    /// The target's weights here, for speculative decoding.
+    fn target(&self) -> Option<&Llama> {
+        match self {
+            Self::Local(t) => Some(t.model()),
+            Self::Replicated(t) => Some(t.replicas()[0].model()),
+            Self::Remote(_, m) => m.as_deref(),
+        }
+    }
+}
+
+fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBackend> {
+    let dir = &config.target_model;
+    if let Some(url) = &config.teacher_url {
+        let remote = RemoteTeacher::new(RemoteConfig {
+            url: url.clone(),
+            api: config.teacher_api,
+            model: config.teacher_model_name.clone(),
+            vocab_size: Some(setup.draft_config.vocab_size),
+            fingerprint: setup
+                .target_config
+                .as_ref()
+                .map(|_| model_fingerprint(dir))
+                .transpose()?,
+            ..RemoteConfig::default()
+        })?;
+        let local = match &setup.target_config {
+            Some(_) => Some(Box::new(Llama::load(dir, &setup.target_devices[0])?)),
+            None => None,
+        };
+        return Ok(TeacherBackend::Remote(Box::new(remote), local));
+    }
+    let fingerprint = model_fingerprint(dir)?;
+    let mut replicas = Vec::with_capacity(setup.target_devices.len());
+    for device in &setup.target_devices {
+        let model = Llama::load(dir, device)?;
+        replicas.push(LocalTeacher::new(
+            model,
+            config.batch_size,
+            fingerprint.clone(),
+        ));
+    }
+    Ok(if replicas.len() == 1 {
+        TeacherBackend::Local(Box::new(replicas.pop().expect("one replica")))
+    } else {
+        TeacherBackend::Replicated(ReplicatedTeacher::new(replicas)?)
+    })
+}
+
+/// The target's sampling parameters of a run.
+pub fn generation_params(config: &SpeculatorConfig) -> SamplingParams {
+    SamplingParams {
+        max_new_tokens: config.max_new_tokens,
+        temperature: config.generation_temperature,
+        top_k: config.generation_top_k,
+        top_p: config.generation_top_p,
+        seed: config.seed,
+        ..SamplingParams::default()
+    }
+}
+
+/// The acceptance measurement of a run.
+pub fn eval_options(config: &SpeculatorConfig) -> EvalOptions {
+    EvalOptions {
+        spec: SpecConfig {
+            k: config.eval_k,
+            max_new_tokens: config.eval_max_new_tokens,
+            sampling: Sampling::temperature(config.eval_temperature),
+            stop_token_ids: Vec::new(),
+        },
+        batch_size: config.eval_batch_size,
+        seed: config.seed,
+        baselines: true,
+        cost_ratio: None,
+    }
+}
+
+/// The LoRA settings of a run.
+pub fn lora_config(config: &SpeculatorConfig) -> LoraConfig {
+    LoraConfig {
+        r: config.lora_r,
+        alpha: config.lora_alpha,
+        dropout: config.lora_dropout,
+        target_modules: TargetModules::Names(config.lora_target_modules.clone()),
+        use_rslora: false,
+    }
+}
+
+/// The trainer's settings of a run.
+pub fn train_config(config: &SpeculatorConfig) -> TrainConfig {
+    TrainConfig {
+        output_dir: config.output_dir.clone(),
+        mode: TrainMode::Lora,
+        num_epochs: config.num_epochs,
+        learning_rate: config.learning_rate,
+        warmup_ratio: config.warmup_ratio,
+        scheduler_type: config.scheduler_type,
+        weight_decay: config.weight_decay,
+        max_grad_norm: config.max_grad_norm,
+        train_batch_size: config.train_batch_size,
+        gradient_accumulation_steps: config.gradient_accumulation_steps,
+        save_steps: config.save_steps,
+        save_total_limit: Some(config.save_total_limit),
+        save_epoch_checkpoints: true,
+        logging_steps: config.logging_steps,
+        seed: config.seed,
+        resume_from_checkpoint: config.resume_from_checkpoint.clone(),
+        ..TrainConfig::default()
+    }
+}
+
+/// Runs the pipeline.
+pub fn run(
+    config: &SpeculatorConfig,
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<SpeculatorSummary> {
+    let mut timer = PhaseTimer::new();
+    observer.on_phase(Phase::Setup);
+    let setup = setup(config)?;
+    let mut warnings = setup.warnings.clone();
+    for w in &warnings {
+        observer.on_warning(w);
+    }
+    let out = &config.output_dir;
+    std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
+    let text = serde_json::to_string_pretty(config).expect("the configuration serialises");
+    kd_model::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;
+    let teacher = load_teacher(config, &setup)?;
+    let draft_base = Llama::load(&config.draft_model, &setup.draft_device)?;
+    if let Some(target) = teacher.target() {
+        kd_eval::check_pair(target, &draft_base)?;
+    }
+    timer.end(Phase::Setup);
+
+    // The target's completions of the training prompts.
+    observer.on_phase(Phase::Generate);
+    let prompts = setup.prompts.train_prompts();
+    let cache_dir = teacher_cache_dir(config);
+    let params = generation_params(config);
+    let shard = config.batch_size * setup.target_devices.len().max(1);
+    let gen_cache = GenerationCache::open(
+        &cache_dir.join("generations"),
+        CacheManifest {
+            version: 1,
+            teacher: teacher.teacher().fingerprint(),
+            template: template_hash(setup.tokenizer.template().map(|t| t.source())),
+            sampling: params,
+            prompts: prompts_hash(&prompts),
+            count: prompts.len(),
+            shard_size: shard,
+        },
+    )?;
+    let total = prompts.len();
+    let generations = gen_cache.generate(teacher.teacher(), &prompts, |p| {
+        observer.on_teacher_progress(Phase::Generate, &p, total);
+    })?;
+    let generated_tokens = generations.iter().map(|g| g.ids.len()).sum();
+    let examples = build_examples(&setup.prompts, &generations, config.max_seq_length);
+    if examples.examples.is_empty() {
+        return Err(TrainError::Config(format!(
+            "the target returned {} empty completions and nothing else: there is nothing to \
+             train on (check the teacher server's API and stop tokens)",
+            examples.empty
+        )));
+    }
+    if examples.empty > 0 {
+        let w = format!(
+            "{} of {} completions came back empty and are not trained on",
+            examples.empty,
+            generations.len()
+        );
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+    if examples.truncation.examples > 0 {
+        let t = &examples.truncation;
+        let w = format!(
+            "{} examples were cut to --max_seq_length {} ({} prompt and {} completion tokens \
+             removed)",
+            t.examples, config.max_seq_length, t.prompt_tokens, t.completion_tokens
+        );
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+    timer.end(Phase::Generate);
+
+    // The target's hidden states and top-k log-probs, when a loss term needs them.
+    let scores = if config.use_distillation || config.kd_weight > 0.0 {
+        observer.on_phase(Phase::Score);
+        let s = score(config, &setup, &teacher, &examples, &generations, observer)?;
+        timer.end(Phase::Score);
+        Some(s)
+    } else {
+        None
+    };
+
+    // The draft: LoRA (fresh or warm-started), and the projection for hidden-state MSE.
+    let (draft, lora) = match &config.init_adapter {
+        Some(dir) => draft_base.clone().load_adapter(dir)?,
+        None => {
+            let lora = lora_config(config);
+            (
+                draft_base.clone().apply_lora_seeded(&lora, config.seed)?,
+                lora,
+            )
+        }
+    };
+    let projection = match (&scores, config.use_distillation) {
+        (Some(s), true) => {
+            let dt = s
+                .first()
+                .and_then(|s| s.hidden_states.first())
+                .map(|h| h.dim)
+                .unwrap_or(0);
+            let ds = draft.config().hidden_size;
+            (ds != dt).then(|| {
+                setup.draft_device.seed(derive_seed(config.seed, &[0x9A0]));
+                HiddenProjection::new(ds, dt, &setup.draft_device)
+            })
+        }
+        _ => None,
+    };
+
+    // Acceptance before training.
+    let eval_ids = setup.prompts.eval_ids();
+    let options = eval_options(config);
+    let mut acceptance =
+        teacher
+            .target()
+            .filter(|_| !eval_ids.is_empty())
+            .map(|_| AcceptanceFile {
+                options: options.clone(),
+                prompts: eval_ids.len(),
+                prompts_hash: sequences_hash(&eval_ids),
+                before: None,
+                after: None,
+                checkpoints: Vec::new(),
+                best_checkpoint: None,
+            });
+    let acceptance_path = out.join(ACCEPTANCE_FILE);
+    if eval_ids.is_empty() {
+        let w = "no prompt is held out (--eval_fraction 0): acceptance is not measured".to_string();
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+    let mut tb = TensorBoard::create(&out.join("runs"))?;
+    if let (Some(file), Some(target)) = (acceptance.as_mut(), teacher.target()) {
+        observer.on_phase(Phase::EvalBefore);
+        let previous = read_acceptance(&acceptance_path)
+            .filter(|p| p.options == file.options && p.prompts_hash == file.prompts_hash);
+        let before = match previous.and_then(|p| p.before) {
+            Some(before) => before,
+            None => {
+                let merged = draft.clone().merge_and_unload();
+                evaluate(target, &merged, &eval_ids, &options, |phase, d, t| {
+                    observer.on_eval_progress(phase, d, t)
+                })?
+            }
+        };
+        observer.on_acceptance("before", &before);
+        log_acceptance(&mut tb, &before, 0)?;
+        file.before = Some(before);
+        write_acceptance(&acceptance_path, file)?;
+        timer.end(Phase::EvalBefore);
+    }
+
+    // Training.
+    observer.on_phase(Phase::Train);
+    let info = RunInfo {
+        lora: Some(lora),
+        base_model: config.draft_model.display().to_string(),
+        tokenizer_dir: Some(config.draft_model.clone()),
+        pad_id: draft_base.pad_id(),
+    };
+    let loss = SpeculatorLoss {
+        ce_weight: config.ce_weight,
+        distillation_weight: if config.use_distillation {
+            config.distillation_weight
+        } else {
+            0.0
+        },
+        draft_layer: config
+            .distill_draft_layer
+            .unwrap_or(draft.config().num_hidden_layers),
+        kd_weight: config.kd_weight,
+        kd: SpeculatorLoss::kd_config(config.kd_objective, config.temperature, config.kd_topk),
+        teacher: scores.as_deref().map(|s| TeacherTargets {
+            scores: s,
+            offsets: &examples.offsets,
+        }),
+    };
+    let mut wrapper = TrainingWatcher {
+        inner: observer,
+        last_log: None,
+        eval: acceptance
+            .as_ref()
+            .and_then(|_| teacher.target())
+            .map(|target| CheckpointEval {
+                target,
+                base: &draft_base,
+                prompts: &eval_ids,
+                options: &options,
+                every: config.eval_steps,
+                last_step: 0,
+                results: Vec::new(),
+                error: None,
+            }),
+    };
+    let (trained, train_summary) = train(
+        &train_config(config),
+        &info,
+        TrainModel {
+            llama: draft,
+            projection,
+        },
+        &examples.examples,
+        &loss,
+        &mut wrapper,
+    )?;
+    let last_log = wrapper.last_log.take();
+    let checkpoint_results = match wrapper.eval.take() {
+        Some(CheckpointEval { error: Some(e), .. }) => return Err(e),
+        Some(e) => e.results,
+        None => Vec::new(),
+    };
+    let observer = wrapper.inner;
+    timer.end(Phase::Train);
+
+    // Acceptance after training.
+    if let (Some(file), Some(target)) = (acceptance.as_mut(), teacher.target()) {
+        observer.on_phase(Phase::EvalAfter);
+        let merged = trained.llama.clone().merge_and_unload();
+        let after = evaluate(target, &merged, &eval_ids, &options, |phase, d, t| {
+            observer.on_eval_progress(phase, d, t)
+        })?;
+        observer.on_acceptance("after", &after);
+        log_acceptance(&mut tb, &after, train_summary.global_step)?;
+        for c in &checkpoint_results {
+            log_acceptance(&mut tb, &c.report, c.step)?;
+        }
+        // The last checkpoint holds the trained draft: it competes for the best too.
+        let mut checkpoint_results = checkpoint_results;
+        if let Some(last) = train_summary.checkpoints.last()
+            && !checkpoint_results.iter().any(|c| &c.checkpoint == last)
+        {
+            checkpoint_results.push(CheckpointAcceptance {
+                checkpoint: last.clone(),
+                step: train_summary.global_step,
+                report: after.clone(),
+            });
+        }
+        file.after = Some(after);
+        file.checkpoints = checkpoint_results;
+        file.best_checkpoint = file
+            .checkpoints
+            .iter()
+            .max_by(|a, b| {
+                a.report
+                    .mean_accepted_length
+                    .total_cmp(&b.report.mean_accepted_length)
+            })
+            .map(|c| c.checkpoint.clone());
+        write_acceptance(&acceptance_path, file)?;
+        write_best(out, train_summary.checkpoints.last(), file)?;
+        timer.end(Phase::EvalAfter);
+    }
+
+    Ok(SpeculatorSummary {
+        output_dir: out.clone(),
+        prompts: (
+            setup.prompts.records.len(),
+            setup.prompts.train.len(),
+            setup.prompts.eval.len(),
+        ),
+        generated_tokens,
+        empty_completions: examples.empty,
+        trained_tokens_per_epoch: examples
+            .examples
+            .iter()
+            .map(|e| e.labels.iter().skip(1).filter(|l| **l >= 0).count())
+            .sum(),
+        phase_seconds: timer.phases,
+        train: train_summary,
+        last_log,
+        acceptance_path: acceptance.as_ref().map(|_| acceptance_path.clone()),
+        acceptance,
+        warnings,
+    })
+}
+
+/// The target's scores of every training example's prompt + completion, through the score
+/// cache.
+fn score(
+    config: &SpeculatorConfig,
+    setup: &Setup,
+    teacher: &TeacherBackend,
+    examples: &Examples,
+    generations: &[kd_teacher::Generation],
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<Vec<Scores>> {
+    let sequences: Vec<Vec<u32>> = examples
+        .source
+        .iter()
+        .map(|k| {
+            let prompt = &setup.prompts.ids[setup.prompts.train[*k]];
+            prompt.iter().chain(&generations[*k].ids).copied().collect()
+        })
+        .collect();
+    let target_layers = setup
+        .target_config
+        .as_ref()
+        .map_or(0, |c| c.num_hidden_layers);
+    let options = ScoreOptions {
+        top_k: if config.kd_weight > 0.0 {
+            config.kd_topk
+        } else {
+            1
+        },
+        hidden_layers: if config.use_distillation {
+            vec![config.distill_target_layer.unwrap_or(target_layers)]
+        } else {
+            Vec::new()
+        },
+    };
+    let cache = ScoreCache::open(
+        &teacher_cache_dir(config).join("scores"),
+        ScoreCacheManifest {
+            version: 1,
+            teacher: teacher.teacher().fingerprint(),
+            options,
+            sequences: sequences_hash(&sequences),
+            count: sequences.len(),
+            shard_size: config.batch_size * setup.target_devices.len().max(1),
+        },
+    )?;
+    let total = sequences.len();
+    Ok(cache.score(teacher.teacher(), &sequences, |p| {
+        observer.on_teacher_progress(Phase::Score, &p, total)
+    })?)
+}
+
+/// Forwards training events and measures acceptance at checkpoints (`--eval_steps`).
+struct TrainingWatcher<'a> {
+    inner: &'a mut dyn SpeculatorObserver,
+    last_log: Option<LogRecord>,
+    eval: Option<CheckpointEval<'a>>,
+}
+
+struct CheckpointEval<'a> {
+    target: &'a Llama,
+    base: &'a Llama,
+    prompts: &'a [Vec<u32>],
+    options: &'a EvalOptions,
+    every: usize,
+    last_step: usize,
+    results: Vec<CheckpointAcceptance>,
+    error: Option<TrainError>,
+}
+
+impl CheckpointEval<'_> {
+    fn measure(&mut self, dir: &Path, inner: &mut dyn SpeculatorObserver) -> Result<()> {
+        let step = read_state(dir)?.global_step;
+        if self.every == 0 || step < self.last_step + self.every {
+            return Ok(());
+        }
+        self.last_step = step;
+        let (draft, _) = self.base.clone().load_adapter(dir)?;
+        let report = evaluate(
+            self.target,
+            &draft.merge_and_unload(),
+            self.prompts,
+            self.options,
+            |phase, d, t| inner.on_eval_progress(phase, d, t),
+        )?;
+        let label = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        inner.on_acceptance(&label, &report);
+        self.results.push(CheckpointAcceptance {
+            checkpoint: dir.to_path_buf(),
+            step,
+            report,
+        });
+        Ok(())
+    }
+}
+
+impl TrainObserver for TrainingWatcher<'_> {
+    fn on_start(&mut self, start_step: usize, total_steps: usize) {
+        if let Some(e) = &mut self.eval {
+            e.last_step = start_step;
+        }
+        self.inner.on_start(start_step, total_steps);
+    }
+
+    fn on_step(&mut self, step: usize, loss: f64) {
+        self.inner.on_step(step, loss);
+    }
+
+    fn on_log(&mut self, record: &LogRecord) {
+        self.last_log = Some(record.clone());
+        self.inner.on_log(record);
+    }
+
+    fn on_checkpoint(&mut self, path: &Path) {
+        self.inner.on_checkpoint(path);
+        if let Some(e) = &mut self.eval
+            && e.error.is_none()
+            && let Err(err) = e.measure(path, self.inner)
+        {
+            e.error = Some(err);
+        }
+    }
+
+    fn on_skipped_step(&mut self, step: usize) {
+        self.inner.on_skipped_step(step);
+    }
+}
+
+struct PhaseTimer {
+    phases: Vec<(Phase, f64)>,
+    since: Instant,
+}
+
+impl PhaseTimer {
+    fn new() -> Self {
+        Self {
+            phases: Vec::new(),
+            since: Instant::now(),
+        }
+    }
+
+    /// Records the time since the previous phase ended (or the run started).
+    fn end(&mut self, phase: Phase) {
+        self.phases
+            .push((phase, self.since.elapsed().as_secs_f64()));
+        self.since = Instant::now();
+    }
+}
+
+fn log_acceptance(tb: &mut TensorBoard, r: &AcceptanceReport, step: usize) -> Result<()> {
+    tb.scalar("eval/acceptance_rate", r.acceptance_rate, step)?;
+    tb.scalar("eval/mean_accepted_length", r.mean_accepted_length, step)?;
+    tb.scalar(
+        "eval/mean_accepted_length_with_bonus",
+        r.mean_accepted_length_with_bonus,
+        step,
+    )?;
+    tb.scalar("eval/alpha", r.alpha, step)?;
+    tb.scalar("eval/top1_agreement", r.top1_agreement, step)?;
+    if let Some(x) = r.measured_speedup {
+        tb.scalar("eval/speedup", x, step)?;
+    }
+    Ok(())
+}
+
+/// Reads an `acceptance.json` (`None` when absent or unreadable).
+pub fn read_acceptance(path: &Path) -> Option<AcceptanceFile> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn write_acceptance(path: &Path, file: &AcceptanceFile) -> Result<()> {
+    let text = serde_json::to_string_pretty(file).expect("the report serialises");
+    Ok(kd_model::write_atomic(path, text.as_bytes())?)
+}
+
+/// `output_dir/trainer_state.json`: the trainer's history at the last checkpoint plus the
+/// best checkpoint by mean accepted length (Hugging Face's `best_model_checkpoint`).
+fn write_best(out: &Path, last: Option<&PathBuf>, file: &AcceptanceFile) -> Result<()> {
+    let Some(best) = &file.best_checkpoint else {
+        return Ok(());
+    };
+    let mut state: serde_json::Value = last
+        .and_then(|l| std::fs::read_to_string(l.join(TRAINER_STATE_FILE)).ok())
+        .and_then(|t| serde_json::from_str::<TrainerState>(&t).ok())
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    let metric = file
+        .checkpoints
+        .iter()
+        .find(|c| &c.checkpoint == best)
+        .map(|c| c.report.mean_accepted_length);
+    state["best_model_checkpoint"] = serde_json::json!(best);
+    state["best_metric"] = serde_json::json!(metric);
+    state["metric_for_best_model"] = serde_json::json!("eval/mean_accepted_length");
+    let text = serde_json::to_string_pretty(&state).expect("JSON values serialise");
+    Ok(kd_model::write_atomic(
+        &out.join(TRAINER_STATE_FILE),
+        text.as_bytes(),
+    )?)
+}
