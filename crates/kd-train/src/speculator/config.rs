@@ -84,6 +84,13 @@ pub struct SpeculatorConfig {
     pub teacher_api: RemoteApi,
     /// The served model's name (OpenAI API `model` field).
     pub teacher_model_name: Option<String>,
+    /// Requests to the remote teacher in flight at most.
+    pub teacher_max_concurrency: usize,
+    /// Seconds one request to the remote teacher may take.
+    pub teacher_timeout_s: f64,
+    /// Retries of a failed request to the remote teacher (connection errors, 429, 5xx), with
+    /// exponential backoff.
+    pub teacher_max_retries: u32,
     /// Tokens the target generates at most per prompt.
     pub max_new_tokens: usize,
     /// Sampling temperature of the target's generations (0 = greedy).
@@ -178,6 +185,9 @@ impl Default for SpeculatorConfig {
             teacher_url: None,
             teacher_api: RemoteApi::Sglang,
             teacher_model_name: None,
+            teacher_max_concurrency: 32,
+            teacher_timeout_s: 600.0,
+            teacher_max_retries: 6,
             max_new_tokens: 512,
             generation_temperature: 0.0,
             generation_top_p: 1.0,

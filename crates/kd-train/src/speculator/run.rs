@@ -173,6 +173,9 @@ fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBacke
             api: config.teacher_api,
             model: config.teacher_model_name.clone(),
             vocab_size: Some(setup.draft_config.vocab_size),
+            max_concurrency: config.teacher_max_concurrency,
+            request_timeout_s: config.teacher_timeout_s,
+            max_retries: config.teacher_max_retries,
             fingerprint: setup
                 .target_config
                 .as_ref()

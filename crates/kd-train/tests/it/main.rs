@@ -1,5 +1,6 @@
 //! kd-train integration tests: optimizer against PyTorch, global token normalisation and
-//! replicas, a whole run with checkpoints and metrics, exact resume after SIGKILL.
+//! replicas, a whole run with checkpoints and metrics, exact resume after SIGKILL; the
+//! speculator pipeline end to end.
 
 mod util;
 
@@ -7,3 +8,4 @@ mod normalisation;
 mod optimizer;
 mod resume;
 mod runs;
+mod speculator;

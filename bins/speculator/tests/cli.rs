@@ -1,0 +1,188 @@
+//! The `speculator` binary on the demo pair: dry run, train, merge, eval, derive-draft, and
+//! errors with a failing exit status.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use burn::tensor::Device;
+use kd_model::{Llama, TokenBatch, to_host};
+
+fn demo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/demo")
+}
+
+fn speculator(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_speculator"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn small_run(out: &Path) -> Vec<String> {
+    let d = demo();
+    [
+        "--target_model",
+        &d.join("target").display().to_string(),
+        "--draft_model",
+        &d.join("draft").display().to_string(),
+        "--data_dir",
+        &d.join("data").display().to_string(),
+        "--output_dir",
+        &out.display().to_string(),
+        "--max_samples",
+        "120",
+        "--num_epochs",
+        "2",
+        "--learning_rate",
+        "3e-3",
+        "--lora_r",
+        "8",
+        "--lora_alpha",
+        "16",
+        "--max_new_tokens",
+        "24",
+        "--eval_max_new_tokens",
+        "24",
+        "--eval_fraction",
+        "0.1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn dry_run_train_merge_and_eval() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let args = small_run(&out);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    // The dry run checks and describes, and writes nothing.
+    let o = speculator(&[argv.as_slice(), &["--dry_run"]].concat());
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("108 for training, 12 held out"), "{t}");
+    assert!(!out.exists(), "a dry run wrote {}", out.display());
+
+    // Training ends with acceptance before → after.
+    let o = speculator(&argv);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("acceptance before → after"), "{t}");
+    let checkpoint = out.join("checkpoint-epoch-1");
+    assert!(checkpoint.join("adapter_model.safetensors").is_file());
+
+    // The merged export computes what base + adapter compute.
+    let merged = dir.path().join("merged");
+    let o = speculator(&[
+        "merge",
+        "--adapter",
+        checkpoint.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+        "--dtype",
+        "f32",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(merged.join(f).is_file(), "merged/{f}");
+    }
+    let cpu = Device::flex();
+    let (with_adapter, _) = Llama::load(demo().join("draft"), &cpu)
+        .unwrap()
+        .load_adapter(&checkpoint)
+        .unwrap();
+    let ids = TokenBatch::single(&[0, 2, 300, 17, 3, 200]);
+    let a = to_host(with_adapter.logits(&ids).unwrap());
+    let b = to_host(Llama::load(&merged, &cpu).unwrap().logits(&ids).unwrap());
+    let d = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(d < 1e-4, "merged vs adapter: max |Δ| = {d}");
+
+    // `eval` reports on any pair and writes the report as JSON.
+    let report = dir.path().join("report.json");
+    let d = demo();
+    let o = speculator(&[
+        "eval",
+        "--target_model",
+        d.join("target").to_str().unwrap(),
+        "--draft_model",
+        d.join("draft").to_str().unwrap(),
+        "--adapter",
+        checkpoint.to_str().unwrap(),
+        "--data_dir",
+        d.join("data").to_str().unwrap(),
+        "--max_samples",
+        "8",
+        "--eval_k",
+        "3",
+        "--eval_max_new_tokens",
+        "16",
+        "--output",
+        report.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("mean accepted length"), "{t}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!((r["prompts"].as_u64(), r["k"].as_u64()), (Some(8), Some(3)));
+    assert_eq!(r["greedy_identical_rows"].as_u64(), Some(8));
+}
+
+#[test]
+fn derive_draft_keeps_the_chosen_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("derived");
+    let target = demo().join("target");
+    let o = speculator(&[
+        "derive-draft",
+        "--from",
+        target.to_str().unwrap(),
+        "--keep",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("layers [0, 2]"), "{}", text(&o));
+    let derived = Llama::load(&out, &Device::flex()).unwrap();
+    assert_eq!(derived.config().num_hidden_layers, 2);
+    assert!(out.join("tokenizer.json").is_file());
+}
+
+#[test]
+fn errors_fail_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = small_run(&dir.path().join("run"));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = speculator(&[argv.as_slice(), &["--draft_gpus", "cuda:1"]].concat());
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(
+        t.contains("--draft_gpus") && t.contains("--features cuda"),
+        "{t}"
+    );
+    let o = speculator(&["--lora_rr", "8"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--lora_r"),
+        "clap suggests the flag: {}",
+        text(&o)
+    );
+}
