@@ -232,6 +232,10 @@ pub struct TrainArgs {
     /// Start from these adapter weights (a warm start; fresh optimizer and schedule).
     #[arg(long)]
     pub init_adapter: Option<PathBuf>,
+    /// Replace an earlier run's checkpoints and reports in --output_dir (its teacher cache is
+    /// kept and reused where it matches).
+    #[arg(long, conflicts_with = "resume_from_checkpoint")]
+    pub overwrite_output_dir: bool,
     /// Share of prompts held out for the acceptance measurement.
     #[arg(long, default_value_t = d().eval_fraction)]
     pub eval_fraction: f64,

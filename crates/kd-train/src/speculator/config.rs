@@ -105,6 +105,9 @@ pub struct SpeculatorConfig {
     pub resume_from_checkpoint: Option<String>,
     /// Start from these adapter weights (a warm start: fresh optimizer and schedule).
     pub init_adapter: Option<PathBuf>,
+    /// Replace an earlier run's checkpoints, logs and reports in `output_dir` (its teacher
+    /// cache is kept and reused where it matches).
+    pub overwrite_output_dir: bool,
     /// Share of the prompts held out for the acceptance measurement (never trained on).
     pub eval_fraction: f64,
     /// At most this many held-out prompts.
@@ -195,6 +198,7 @@ impl Default for SpeculatorConfig {
             seed: 42,
             resume_from_checkpoint: None,
             init_adapter: None,
+            overwrite_output_dir: false,
             eval_fraction: 0.05,
             eval_max_prompts: 200,
             eval_k: 4,
@@ -373,6 +377,13 @@ impl SpeculatorConfig {
             return bad(
                 "--resume_from_checkpoint (exact continuation) and --init_adapter (warm start \
                  from adapter weights) exclude each other: give one"
+                    .into(),
+            );
+        }
+        if self.resume_from_checkpoint.is_some() && self.overwrite_output_dir {
+            return bad(
+                "--resume_from_checkpoint continues the run in --output_dir and \
+                 --overwrite_output_dir replaces it: give one"
                     .into(),
             );
         }

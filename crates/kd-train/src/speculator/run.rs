@@ -23,7 +23,9 @@ use crate::metrics::{LogRecord, TensorBoard, TrainObserver};
 use crate::speculator::config::SpeculatorConfig;
 use crate::speculator::data::{Examples, build_examples};
 use crate::speculator::loss::{SpeculatorLoss, TeacherTargets};
-use crate::speculator::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, setup, teacher_cache_dir};
+use crate::speculator::setup::{
+    ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup, teacher_cache_dir,
+};
 use crate::trainer::{RunInfo, TrainModel, TrainSummary, train};
 
 /// The stages of a run, in order.
@@ -281,6 +283,9 @@ pub fn run(
         observer.on_warning(w);
     }
     let out = &config.output_dir;
+    if config.overwrite_output_dir && out.exists() {
+        clear_run(out)?;
+    }
     std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
     let text = serde_json::to_string_pretty(config).expect("the configuration serialises");
     kd_model::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;

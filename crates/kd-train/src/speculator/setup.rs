@@ -115,8 +115,13 @@ pub fn check_output_dir(config: &SpeculatorConfig) -> Result<()> {
     if checkpoints.is_empty() && !epoch_checkpoint {
         return Ok(());
     }
+    if config.overwrite_output_dir {
+        // `run` clears it; a dry run must not.
+        return Ok(());
+    }
     let mut message = "holds checkpoints of an earlier run; continue it with \
-                       --resume_from_checkpoint latest, or choose another --output_dir"
+                       --resume_from_checkpoint latest, replace it with --overwrite_output_dir, \
+                       or choose another --output_dir"
         .to_string();
     let saved = out.join(RUN_CONFIG_FILE);
     if let Ok(text) = std::fs::read_to_string(&saved)
@@ -146,6 +151,34 @@ pub fn check_output_dir(config: &SpeculatorConfig) -> Result<()> {
         path: out.clone(),
         message,
     })
+}
+
+/// Removes an earlier run's checkpoints, logs and reports (not the teacher cache).
+pub(crate) fn clear_run(out: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(out).map_err(|e| TrainError::io(out, e))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        let ours = name.starts_with("checkpoint-")
+            || name == "runs"
+            || [
+                "training_log.txt",
+                ACCEPTANCE_FILE,
+                RUN_CONFIG_FILE,
+                crate::checkpoint::TRAINER_STATE_FILE,
+            ]
+            .contains(&name.as_str());
+        if !ours {
+            continue;
+        }
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(|e| TrainError::io(&path, e))?;
+    }
+    Ok(())
 }
 
 /// Validates the configuration and reads everything but the weights.
