@@ -32,4 +32,4 @@ pub use kd_model::FinishReason;
 pub use local::{LocalTeacher, Prompt, ReplicatedTeacher, Teacher, stream_seed};
 pub use remote::{RemoteApi, RemoteConfig, RemoteTeacher};
 pub use serve::{ServeConfig, ServerHandle, router, spawn_server};
-pub use types::{Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
+pub use types::{Generation, LAST_HIDDEN_LAYER, LayerHidden, SamplingParams, ScoreOptions, Scores};

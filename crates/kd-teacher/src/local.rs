@@ -7,7 +7,9 @@ pub use kd_model::stream_seed;
 use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, SeededPrompt, TokenBatch};
 
 use crate::error::{Result, TeacherError};
-use crate::types::{Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
+use crate::types::{
+    Generation, LAST_HIDDEN_LAYER, LayerHidden, SamplingParams, ScoreOptions, Scores,
+};
 
 /// A prompt with its index in the whole prompt set (the sampling stream derives from it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +187,15 @@ impl Teacher for LocalTeacher {
         let k = options.top_k;
         let cfg = self.model.config();
         let (vocab, layers, dim) = (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size);
+        let hidden_layers: Vec<usize> = options
+            .hidden_layers
+            .iter()
+            .map(|l| if *l == LAST_HIDDEN_LAYER { layers } else { *l })
+            .collect();
+        let options = &ScoreOptions {
+            top_k: k,
+            hidden_layers,
+        };
         if let Some(bad) = options.hidden_layers.iter().find(|l| **l > layers) {
             return Err(TeacherError::Config(format!(
                 "hidden layer {bad} does not exist: indices run from 0 (embeddings) to \

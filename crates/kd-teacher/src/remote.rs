@@ -17,10 +17,12 @@ use tokio::sync::Semaphore;
 
 use crate::error::{Result, TeacherError};
 use crate::local::{Prompt, Teacher, stream_seed};
-use crate::types::{Generation, SamplingParams, ScoreOptions, Scores};
+use crate::types::{
+    Generation, LAST_HIDDEN_LAYER, LayerHidden, SamplingParams, ScoreOptions, Scores,
+};
 use crate::wire::{
-    OaiChoice, OaiRequest, OaiResponse, SglLogprob, SglRequest, SglResponse, SglSampling,
-    parse_token_key,
+    OaiChoice, OaiRequest, OaiResponse, SglHidden, SglLogprob, SglRequest, SglResponse,
+    SglSampling, parse_token_key,
 };
 
 /// Which HTTP API the server speaks.
@@ -200,9 +202,41 @@ impl RemoteTeacher {
 
     /// [`Teacher::score`] for async callers.
     pub async fn score_async(&self, sequences: &[Vec<u32>], k: usize) -> Result<Vec<Scores>> {
+        self.score_with_async(sequences, &ScoreOptions::top_k(k))
+            .await
+    }
+
+    /// [`Teacher::score_with`] for async callers. Hidden states come from SGLang's native
+    /// API only (`return_hidden_states`; the server must run with
+    /// `--enable-return-hidden-states`), and only the last layer's, after the final norm:
+    /// ask for [`LAST_HIDDEN_LAYER`].
+    pub async fn score_with_async(
+        &self,
+        sequences: &[Vec<u32>],
+        options: &ScoreOptions,
+    ) -> Result<Vec<Scores>> {
+        let k = options.top_k;
         if k == 0 {
             return Err(TeacherError::Config("top-k must be positive".into()));
         }
+        let hidden = match options.hidden_layers.as_slice() {
+            [] => false,
+            [LAST_HIDDEN_LAYER] if self.inner.config.api == RemoteApi::Sglang => true,
+            [LAST_HIDDEN_LAYER] => {
+                return Err(TeacherError::Config(
+                    "hidden states over a whole sequence come only from SGLang's native API \
+                     (`/generate` with `return_hidden_states`); the OpenAI API returns the last \
+                     position's only: use the sglang API"
+                        .into(),
+                ));
+            }
+            other => {
+                return Err(TeacherError::Config(format!(
+                    "a remote teacher returns the last layer's hidden states only (after the \
+                     final norm: LAST_HIDDEN_LAYER), not layers {other:?}"
+                )));
+            }
+        };
         for (i, s) in sequences.iter().enumerate() {
             if s.is_empty() {
                 return Err(TeacherError::Input(format!("sequence {i} is empty")));
@@ -214,7 +248,7 @@ impl RemoteTeacher {
             .map(|(i, s)| {
                 let inner = self.inner.clone();
                 let ids = s.clone();
-                async move { inner.score_one(ids, i, k).await }
+                async move { inner.score_one(ids, i, k, hidden).await }
             })
             .collect();
         run_bounded(self.inner.config.max_concurrency, jobs).await
@@ -403,7 +437,13 @@ impl Inner {
         Ok(g)
     }
 
-    async fn score_one(&self, ids: Vec<u32>, index: usize, k: usize) -> Result<Scores> {
+    async fn score_one(
+        &self,
+        ids: Vec<u32>,
+        index: usize,
+        k: usize,
+        hidden: bool,
+    ) -> Result<Scores> {
         let what = format!("sequence {index}");
         let len = ids.len();
         // One generated token, so that the last position's distribution comes back too.
@@ -412,6 +452,7 @@ impl Inner {
                 return_logprob: true,
                 logprob_start_len: 0,
                 top_logprobs_num: k,
+                return_hidden_states: hidden,
                 ..SglRequest::new(
                     ids,
                     SglSampling {
@@ -432,7 +473,7 @@ impl Inner {
         .expect("serialisable");
         let bytes = self.post(&body, &what).await?;
         let s = match self.config.api {
-            RemoteApi::Sglang => parse_sgl_scores(&bytes, len, k),
+            RemoteApi::Sglang => parse_sgl_scores(&bytes, len, k, hidden),
             RemoteApi::Openai => parse_oai_scores(&bytes, len, k),
         }
         .map_err(|m| self.protocol(&what, m))?;
@@ -577,8 +618,17 @@ pub(crate) fn parse_sgl_scores(
     bytes: &[u8],
     len: usize,
     k: usize,
+    hidden: bool,
 ) -> std::result::Result<Scores, String> {
     let r: SglResponse = from_json(bytes)?;
+    let hidden_states = if hidden {
+        vec![sgl_prefill_hidden(
+            r.meta_info.hidden_states.as_deref(),
+            len,
+        )?]
+    } else {
+        Vec::new()
+    };
     let input = r
         .meta_info
         .input_top_logprobs
@@ -598,7 +648,48 @@ pub(crate) fn parse_sgl_scores(
         rows.push(top_entries(input.get(t), k, t - 1)?);
     }
     rows.push(top_entries(output.first(), k, len - 1)?);
-    Ok(scores_from(rows, k))
+    let mut scores = scores_from(rows, k);
+    scores.hidden_states = hidden_states;
+    Ok(scores)
+}
+
+/// The hidden states of every input position from SGLang's `meta_info.hidden_states`: its
+/// first entry holds the prefill's rows, which cover the whole input unless the server's
+/// prefix cache or chunked prefill skipped some.
+fn sgl_prefill_hidden(
+    entries: Option<&[SglHidden]>,
+    len: usize,
+) -> std::result::Result<LayerHidden, String> {
+    let entries = entries
+        .ok_or("no `meta_info.hidden_states`: start SGLang with --enable-return-hidden-states")?;
+    let rows = match entries.first() {
+        Some(SglHidden::Rows(rows)) => rows,
+        Some(SglHidden::Row(_)) => {
+            return Err(
+                "`meta_info.hidden_states[0]` is one row, not the prefill's rows (was \
+                        `return_hidden_states` \"last\" sent?)"
+                    .into(),
+            );
+        }
+        None => return Err("`meta_info.hidden_states` is empty".into()),
+    };
+    if rows.len() != len {
+        return Err(format!(
+            "hidden states for {} of the {len} input positions: the server's prefix cache or \
+             chunked prefill computed the rest earlier; start SGLang with \
+             --disable-radix-cache and --chunked-prefill-size -1 for hidden-state distillation",
+            rows.len()
+        ));
+    }
+    let dim = rows.first().map_or(0, Vec::len);
+    if dim == 0 || rows.iter().any(|r| r.len() != dim) {
+        return Err("hidden-state rows of different (or zero) widths".into());
+    }
+    Ok(LayerHidden {
+        layer: LAST_HIDDEN_LAYER,
+        dim,
+        values: rows.concat(),
+    })
 }
 
 fn oai_choice(bytes: &[u8]) -> std::result::Result<OaiChoice, String> {
@@ -713,15 +804,8 @@ impl Teacher for RemoteTeacher {
     }
 
     fn score_with(&self, sequences: &[Vec<u32>], options: &ScoreOptions) -> Result<Vec<Scores>> {
-        if !options.hidden_layers.is_empty() {
-            return Err(TeacherError::Config(
-                "hidden states are not fetched from remote teachers yet: score with a local \
-                 teacher, or leave `hidden_layers` empty"
-                    .into(),
-            ));
-        }
         self.runtime
-            .block_on(self.score_async(sequences, options.top_k))
+            .block_on(self.score_with_async(sequences, options))
     }
 
     fn fingerprint(&self) -> String {
@@ -779,13 +863,46 @@ mod tests {
             "input_token_logprobs": [[null, 1, null], [-2.0, 9, null]],
             "input_top_logprobs": [null, [[-0.5, 9, null], [-1.5, 4, null]]],
             "output_top_logprobs": [[[-0.1, 5, null], [-3.0, 6, null]]]}}"#;
-        let s = parse_sgl_scores(body, 2, 2).unwrap();
+        let s = parse_sgl_scores(body, 2, 2, false).unwrap();
         assert_eq!(s.indices, vec![9, 4, 5, 6]);
         assert_eq!(s.logprobs, vec![-0.5, -1.5, -0.1, -3.0]);
-        let e = parse_sgl_scores(body, 3, 2).unwrap_err();
+        let e = parse_sgl_scores(body, 3, 2, false).unwrap_err();
         assert!(e.contains("2 input positions"), "{e}");
-        let e = parse_sgl_scores(body, 2, 3).unwrap_err();
+        let e = parse_sgl_scores(body, 2, 3, false).unwrap_err();
         assert!(e.contains("3 asked for"), "{e}");
+    }
+
+    /// SGLang's `return_hidden_states` layout (python/sglang/srt/managers, 0.5.x): the
+    /// prefill's rows first, then one row per decode step but the last.
+    #[test]
+    fn parses_sglang_hidden_states() {
+        let body = br#"{"text": "a", "output_ids": [5], "meta_info": {
+            "finish_reason": {"type": "length", "length": 1},
+            "input_top_logprobs": [null, [[-0.5, 9, null]]],
+            "output_top_logprobs": [[[-0.1, 5, null]]],
+            "hidden_states": [[[0.5, -1.0, 2.0], [0.25, 0.0, -3.5]]]}}"#;
+        let s = parse_sgl_scores(body, 2, 1, true).unwrap();
+        let h = &s.hidden_states[0];
+        assert_eq!((h.layer, h.dim), (LAST_HIDDEN_LAYER, 3));
+        assert_eq!(h.values, vec![0.5, -1.0, 2.0, 0.25, 0.0, -3.5]);
+        // A prefix-cache hit left rows out: the fix is named.
+        let cached = br#"{"text": "a", "output_ids": [5], "meta_info": {
+            "finish_reason": {"type": "length", "length": 1},
+            "input_top_logprobs": [null, [[-0.5, 9, null]]],
+            "output_top_logprobs": [[[-0.1, 5, null]]],
+            "hidden_states": [[[0.25, 0.0, -3.5]]]}}"#;
+        let e = parse_sgl_scores(cached, 2, 1, true).unwrap_err();
+        assert!(
+            e.contains("1 of the 2") && e.contains("--disable-radix-cache"),
+            "{e}"
+        );
+        // A server started without the flag.
+        let plain = br#"{"text": "a", "output_ids": [5], "meta_info": {
+            "finish_reason": {"type": "length", "length": 1},
+            "input_top_logprobs": [null, [[-0.5, 9, null]]],
+            "output_top_logprobs": [[[-0.1, 5, null]]]}}"#;
+        let e = parse_sgl_scores(plain, 2, 1, true).unwrap_err();
+        assert!(e.contains("--enable-return-hidden-states"), "{e}");
     }
 
     /// vLLM's completions response with `echo`, `logprobs` and `return_tokens_as_token_ids`:

@@ -28,10 +28,10 @@ use tokio::sync::oneshot;
 
 use crate::error::{Result, TeacherError};
 use crate::local::{LocalTeacher, Teacher};
-use crate::types::{Generation, SamplingParams, Scores};
+use crate::types::{Generation, LAST_HIDDEN_LAYER, SamplingParams, ScoreOptions, Scores};
 use crate::wire::{
-    OaiChoice, OaiLogprobs, OaiRequest, OaiResponse, OaiUsage, SglFinish, SglLogprob, SglMeta,
-    SglRequest, SglResponse, token_key,
+    OaiChoice, OaiLogprobs, OaiRequest, OaiResponse, OaiUsage, SglFinish, SglHidden, SglLogprob,
+    SglMeta, SglRequest, SglResponse, token_key,
 };
 
 /// How long a shutdown waits for requests in flight.
@@ -67,12 +67,15 @@ struct Job {
     params: SamplingParams,
     /// Top-k log-probs over prompt and output, when asked.
     top_k: Option<usize>,
+    /// The last layer's hidden states over prompt and output, when asked.
+    hidden: bool,
     reply: oneshot::Sender<Result<JobResult>>,
 }
 
 struct JobResult {
     generation: Generation,
-    /// Scores over prompt ++ generated ids (position t predicts token t + 1).
+    /// Scores over prompt ++ generated ids (position t predicts token t + 1), with the last
+    /// layer's hidden states when asked.
     scores: Option<Scores>,
 }
 
@@ -139,20 +142,29 @@ fn run_group(teacher: &LocalTeacher, params: &SamplingParams, group: Vec<Job>) {
             return;
         }
     };
-    // Scores over prompt ++ output, one batched pass per distinct top-k.
+    // Scores over prompt ++ output, one batched pass per distinct (top-k, hidden states).
+    let key = |j: &Job| (j.top_k.is_some() || j.hidden).then(|| (j.top_k.unwrap_or(1), j.hidden));
     let mut scores: Vec<Option<Result<Scores>>> = group.iter().map(|_| None).collect();
-    let mut ks: Vec<usize> = group.iter().filter_map(|j| j.top_k).collect();
-    ks.sort_unstable();
-    ks.dedup();
-    for k in ks {
+    let mut keys: Vec<(usize, bool)> = group.iter().filter_map(key).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for (k, hidden) in keys {
         let members: Vec<usize> = (0..group.len())
-            .filter(|i| group[*i].top_k == Some(k))
+            .filter(|i| key(&group[*i]) == Some((k, hidden)))
             .collect();
         let seqs: Vec<Vec<u32>> = members
             .iter()
             .map(|i| [group[*i].ids.as_slice(), &generated[*i].ids].concat())
             .collect();
-        match teacher.score(&seqs, k) {
+        let options = ScoreOptions {
+            top_k: k,
+            hidden_layers: if hidden {
+                vec![LAST_HIDDEN_LAYER]
+            } else {
+                Vec::new()
+            },
+        };
+        match teacher.score_with(&seqs, &options) {
             Ok(s) => {
                 for (i, s) in members.iter().zip(s) {
                     scores[*i] = Some(Ok(s));
@@ -221,6 +233,7 @@ async fn submit(
     seed: u64,
     params: SamplingParams,
     top_k: Option<usize>,
+    hidden: bool,
 ) -> Result<Vec<JobResult>, ApiError> {
     if prompts.is_empty() {
         return Err(bad("no prompt given"));
@@ -245,6 +258,7 @@ async fn submit(
             seed: seed.wrapping_add(i as u64),
             params: params.clone(),
             top_k,
+            hidden,
             reply: tx,
         };
         state
@@ -272,6 +286,16 @@ async fn submit(
     Ok(out)
 }
 
+/// SGLang's layout of the hidden states over prompt ++ output: the prompt's rows, then one
+/// row per generated token but the last.
+fn sgl_hidden(s: &Scores, plen: usize, generated: usize) -> Vec<SglHidden> {
+    let h = &s.hidden_states[0];
+    let row = |t: usize| h.values[t * h.dim..(t + 1) * h.dim].to_vec();
+    let mut out = vec![SglHidden::Rows((0..plen).map(row).collect())];
+    out.extend((plen..plen + generated.saturating_sub(1)).map(|t| SglHidden::Row(row(t))));
+    out
+}
+
 fn top_row(s: &Scores, pos: usize) -> Vec<SglLogprob> {
     (0..s.k)
         .map(|j| {
@@ -291,11 +315,6 @@ async fn sgl_generate(
 ) -> Result<Response, ApiError> {
     check_auth(&state, &headers)?;
     let Json(req) = body.map_err(|e| bad(e.body_text()))?;
-    if req.return_hidden_states {
-        return Err(bad(
-            "`return_hidden_states` is not served by this teacher server",
-        ));
-    }
     if req.stream {
         return Err(bad("`stream` is not supported: send `stream: false`"));
     }
@@ -320,6 +339,7 @@ async fn sgl_generate(
         sp.sampling_seed.unwrap_or(0),
         params,
         top_k,
+        req.return_hidden_states,
     )
     .await?;
     let mut out = Vec::with_capacity(results.len());
@@ -362,6 +382,11 @@ async fn sgl_generate(
             }),
             input_top_logprobs: input_top,
             output_top_logprobs: output_top,
+            hidden_states: if req.return_hidden_states {
+                r.scores.as_ref().map(|s| sgl_hidden(s, plen, n))
+            } else {
+                None
+            },
         };
         out.push(SglResponse {
             text: g.text,
@@ -402,7 +427,7 @@ async fn oai_completions(
     let top_k = req.logprobs.filter(|k| *k > 0);
     let prompts = req.prompt.into_vec();
     let prompt_ids = prompts.clone();
-    let results = submit(&state, prompts, req.seed.unwrap_or(0), params, top_k).await?;
+    let results = submit(&state, prompts, req.seed.unwrap_or(0), params, top_k, false).await?;
     let name = |id: u32| {
         if req.return_tokens_as_token_ids {
             token_key(id)

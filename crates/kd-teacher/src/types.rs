@@ -144,13 +144,19 @@ pub struct LayerHidden {
     pub values: Vec<f32>,
 }
 
+/// The hidden-state index meaning "the last one (after the final norm), whatever the
+/// model's depth": what SGLang's `return_hidden_states` returns, and what a caller that does
+/// not know a remote model's layer count asks for.
+pub const LAST_HIDDEN_LAYER: usize = usize::MAX;
+
 /// What scoring returns besides the top-k log-probs.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScoreOptions {
     /// Entries per position (ROLL's default: 64).
     pub top_k: usize,
-    /// Hidden states to return, indexed as transformers' `output_hidden_states`.
+    /// Hidden states to return, indexed as transformers' `output_hidden_states`
+    /// ([`LAST_HIDDEN_LAYER`] = the last, after the final norm).
     pub hidden_layers: Vec<usize>,
 }
 

@@ -103,6 +103,21 @@ pub(crate) struct SglMeta {
     pub input_top_logprobs: Option<Vec<Option<Vec<SglLogprob>>>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_top_logprobs: Option<Vec<Option<Vec<SglLogprob>>>>,
+    /// With `return_hidden_states`: the last layer's hidden states (after the final norm),
+    /// as SGLang writes them — the prefill's rows `[extend_len][hidden]` first, then one row
+    /// per decode step (none for the last generated token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_states: Option<Vec<SglHidden>>,
+}
+
+/// One entry of SGLang's `meta_info.hidden_states`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum SglHidden {
+    /// The prefill: one row per input position computed.
+    Rows(Vec<Vec<f32>>),
+    /// A decode step.
+    Row(Vec<f32>),
 }
 
 /// `{"type": "stop", "matched": 128009}` or `{"type": "length", "length": 64}`.

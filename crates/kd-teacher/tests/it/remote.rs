@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kd_teacher::{
-    RemoteApi, RemoteConfig, RemoteTeacher, SamplingParams, ServeConfig, Teacher, TeacherError,
-    router, spawn_server,
+    LAST_HIDDEN_LAYER, RemoteApi, RemoteConfig, RemoteTeacher, SamplingParams, ScoreOptions,
+    ServeConfig, Teacher, TeacherError, router, spawn_server,
 };
 
 use crate::{prompts, teacher};
@@ -105,6 +105,31 @@ fn both_apis_return_what_the_local_teacher_computes() {
         );
         assert_same_scores(&remote.score(&seqs, 5).unwrap(), &want_scores, &what);
     }
+    // The last layer's hidden states over whole sequences: SGLang's API only.
+    let options = ScoreOptions {
+        top_k: 2,
+        hidden_layers: vec![LAST_HIDDEN_LAYER],
+    };
+    let want = local.score_with(&seqs, &options).unwrap();
+    let got = client(&server.url(), RemoteApi::Sglang)
+        .score_with(&seqs, &options)
+        .unwrap();
+    assert_same_scores(&got, &want, "sglang hidden states");
+    for (g, w) in got.iter().zip(&want) {
+        let (g, w) = (&g.hidden_states[0], &w.hidden_states[0]);
+        assert_eq!((g.dim, g.values.len()), (w.dim, w.values.len()));
+        let d = g
+            .values
+            .iter()
+            .zip(&w.values)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(d <= 1e-5, "hidden states over SGLang's API: max |Δ| = {d}");
+    }
+    let e = client(&server.url(), RemoteApi::Openai)
+        .score_with(&seqs, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("SGLang's native API"), "{e}");
     server.shutdown().unwrap();
 }
 
