@@ -89,6 +89,10 @@ pub fn log_prob(logits: &[f32], token: u32) -> f32 {
 pub fn next_token(logits: &[f32], sampling: &Sampling, rng: &mut ChaCha8Rng) -> (u32, f32) {
     let token = if sampling.temperature == 0.0 {
         argmax(logits)
+    } else if keeps_all(logits.len(), sampling) {
+        // The whole vocabulary: no ranking needed (a sort of 128k entries would cost more
+        // than a decode step's LM head).
+        sample_from(&distribution(logits, sampling), rng)
     } else {
         let (cand, probs) = candidates(logits, sampling);
         cand[draw(&probs, rng)].0 as u32
@@ -106,7 +110,7 @@ pub fn distribution(logits: &[f32], sampling: &Sampling) -> Vec<f32> {
         }
         return out;
     }
-    if (sampling.top_k == 0 || sampling.top_k >= logits.len()) && sampling.top_p >= 1.0 {
+    if keeps_all(logits.len(), sampling) {
         // Plain softmax at the temperature: no ranking needed.
         let t = sampling.temperature;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) / t;
@@ -125,6 +129,11 @@ pub fn distribution(logits: &[f32], sampling: &Sampling) -> Vec<f32> {
         out[*i] = *p;
     }
     out
+}
+
+/// Whether neither top-k nor top-p removes a token.
+fn keeps_all(vocab: usize, sampling: &Sampling) -> bool {
+    (sampling.top_k == 0 || sampling.top_k >= vocab) && sampling.top_p >= 1.0
 }
 
 /// Draws an index from a (dense, normalised) distribution with one uniform number.
