@@ -131,7 +131,7 @@ fn train_tokenizer(corpus: &Path, vocab: usize, out: &Path) -> Result<()> {
         "eos_token": SPECIAL[4],
         "pad_token": SPECIAL[5],
         "chat_template": template,
-        "clean_up_tokenization_spaces": true,
+        "clean_up_tokenization_spaces": false,
         "model_max_length": 512,
         "tokenizer_class": "PreTrainedTokenizerFast",
     });

@@ -10,9 +10,9 @@ use kd_lora::{LoraConfig, TargetModules, derive_seed};
 use kd_loss::HiddenProjection;
 use kd_model::{Llama, Sampling};
 use kd_teacher::{
-    CacheManifest, CacheProgress, GenerationCache, LocalTeacher, RemoteConfig, RemoteTeacher,
-    ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions, Scores,
-    Teacher, model_fingerprint, prompts_hash, sequences_hash, template_hash,
+    CacheManifest, CacheProgress, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, RemoteConfig,
+    RemoteTeacher, ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions,
+    Scores, Teacher, model_fingerprint, prompts_hash, sequences_hash, template_hash,
 };
 use serde::{Deserialize, Serialize};
 
@@ -570,10 +570,6 @@ fn score(
             prompt.iter().chain(&generations[*k].ids).copied().collect()
         })
         .collect();
-    let target_layers = setup
-        .target_config
-        .as_ref()
-        .map_or(0, |c| c.num_hidden_layers);
     let options = ScoreOptions {
         top_k: if config.kd_weight > 0.0 {
             config.kd_topk
@@ -581,7 +577,7 @@ fn score(
             1
         },
         hidden_layers: if config.use_distillation {
-            vec![config.distill_target_layer.unwrap_or(target_layers)]
+            vec![config.distill_target_layer.unwrap_or(LAST_HIDDEN_LAYER)]
         } else {
             Vec::new()
         },

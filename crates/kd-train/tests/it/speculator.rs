@@ -117,6 +117,18 @@ fn acceptance_rises_and_the_outputs_follow_the_seed_layout() {
                 .unwrap();
         assert_eq!(cfg["r"], 16);
         assert_eq!(cfg["peft_type"], "LORA");
+        // The same fields as the checkpoint PEFT was shown to load
+        // (`a_pipeline_checkpoint_loads_in_peft_as_it_loads_here`).
+        let checked: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                fixtures().join("golden/speculator-checkpoint/adapter_config.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let keys =
+            |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&cfg), keys(&checked));
     }
     let log = std::fs::read_to_string(out.join("training_log.txt")).unwrap();
     assert!(
@@ -364,14 +376,24 @@ fn a_teacher_that_dies_mid_generation_loses_nothing() {
         "the shards done before the failure are kept"
     );
 
-    // A healthy server: the run resumes generation at the fourth shard and finishes.
+    // A healthy server: the run resumes generation at the fourth shard and finishes, with
+    // the hidden-state and KD terms scored over SGLang's API (`return_hidden_states`).
     let healthy = SpeculatorConfig {
         teacher_url: Some(dying_teacher(usize::MAX)),
+        use_distillation: true,
+        kd_weight: 0.5,
         ..config.clone()
     };
     let mut rec = Record::default();
     let summary = run(&healthy, &mut rec).unwrap();
     assert_eq!((rec.reused_shards, rec.generated_shards), (3, 4));
+    let terms = &summary.last_log.as_ref().unwrap().terms;
+    for t in ["ce_loss", "hidden_mse", "kd_loss"] {
+        assert!(
+            terms.iter().any(|(k, v)| k == t && v.is_finite()),
+            "{terms:?}"
+        );
+    }
     // The completions equal those of the local teacher in an uninterrupted run.
     let local = dir.path().join("local");
     run(
@@ -399,4 +421,55 @@ fn a_teacher_that_dies_mid_generation_loses_nothing() {
         summary.acceptance.is_some(),
         "the target is local too: acceptance measured"
     );
+}
+
+/// The seed's "Loading Trained Model" snippet on a checkpoint of this pipeline:
+/// `fixtures/check_speculator_checkpoint.py` loaded it with PEFT (`from_pretrained`,
+/// `merge_and_unload`, the tokenizer from the checkpoint) and recorded the chat-template
+/// ids, the last position's logits and the greedy continuation; here the same checkpoint
+/// loaded by this toolkit gives the same numbers.
+#[test]
+fn a_pipeline_checkpoint_loads_in_peft_as_it_loads_here() {
+    use kd_data::{ChatTokenizer, Message};
+    use kd_model::{GenerateOptions, Llama, SeededPrompt, TokenBatch, to_host};
+
+    let checkpoint = fixtures().join("golden/speculator-checkpoint");
+    let text =
+        std::fs::read_to_string(fixtures().join("golden/speculator-checkpoint-peft.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (model, lora) = Llama::load(demo().join("draft"), &burn::tensor::Device::flex())
+        .unwrap()
+        .load_adapter(&checkpoint)
+        .unwrap();
+    assert_eq!((lora.r, lora.alpha), (8, 16.0));
+    let merged = model.merge_and_unload();
+    let tokenizer = ChatTokenizer::from_dir(&checkpoint).unwrap();
+    let cases = golden["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    for (i, case) in cases.iter().enumerate() {
+        let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let ids = tokenizer.encode_prompt(&messages).unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
+        assert_eq!(ids, want, "case {i}: chat-template ids");
+        let logits = to_host(merged.logits(&TokenBatch::single(&ids)).unwrap());
+        let v = merged.config().vocab_size;
+        let last = &logits[(ids.len() - 1) * v..];
+        let want: Vec<f32> = serde_json::from_value(case["last_logits"].clone()).unwrap();
+        let d = last
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            d <= 1e-4,
+            "case {i}: logits vs PEFT's merged model: max |Δ| = {d}"
+        );
+        let new = merged
+            .generate(
+                &[SeededPrompt { ids: &ids, seed: 0 }],
+                &GenerateOptions::greedy(8),
+            )
+            .unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["greedy_new_ids"].clone()).unwrap();
+        assert_eq!(new[0].ids, want, "case {i}: greedy continuation");
+    }
 }
