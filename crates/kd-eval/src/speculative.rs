@@ -259,6 +259,8 @@ pub fn speculative_generate(
         let draft_base: Vec<i64> = real_lengths(&draft_cache, n);
         let mut drafts: Vec<Vec<u32>> = vec![Vec::with_capacity(k); n];
         let mut draft_logits: Vec<Vec<f32>> = Vec::with_capacity(k);
+        // Sampling: each row's draft distributions q_1..q_k, kept for the verification.
+        let mut draft_probs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
         let mut fed: Vec<Vec<u32>> = rows.iter().map(|r| r.draft_pending.clone()).collect();
         for i in 0..k {
             let batch = TokenBatch::from_rows(&fed, d_pad, PaddingSide::Left);
@@ -274,7 +276,10 @@ pub fn speculative_generate(
                 let tok = if greedy {
                     argmax(z)
                 } else {
-                    sample_from(&distribution(z, &sampling), &mut row.rng)
+                    let q = distribution(z, &sampling);
+                    let tok = sample_from(&q, &mut row.rng);
+                    draft_probs[r].push(q);
+                    tok
                 };
                 drafts[r].push(tok);
             }
@@ -332,14 +337,14 @@ pub fn speculative_generate(
                     stats.alpha_sum += overlap(&softmax(zp), &softmax(zq));
                     argmax(zp) == d
                 } else {
-                    let (p, q) = (distribution(zp, &sampling), distribution(zq, &sampling));
-                    stats.alpha_sum += overlap(&p, &q);
+                    let (p, q) = (distribution(zp, &sampling), &draft_probs[r][i]);
+                    stats.alpha_sum += overlap(&p, q);
                     let (pd, qd) = (p[d as usize], q[d as usize]);
                     let u: f32 = row.rng.random();
                     // q(d) > 0: d was drawn from q.
                     let ok = u < (pd / qd).min(1.0);
                     if !ok {
-                        next = Some(residual_sample(&p, &q, &mut row.rng));
+                        next = Some(residual_sample(&p, q, &mut row.rng));
                     }
                     ok
                 };
