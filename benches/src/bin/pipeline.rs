@@ -127,7 +127,10 @@ fn main() -> Result<()> {
     );
 
     // The same work through the kernels alone.
-    let s = setup(&config)?;
+    let s = setup(&SpeculatorConfig {
+        output_dir: tmp.path().join("kernels"),
+        ..config.clone()
+    })?;
     let prompts = s.prompts.train_prompts();
     let teacher = LocalTeacher::new(Llama::load(&tdir, &device)?, config.batch_size, "bench");
     let t = Instant::now();

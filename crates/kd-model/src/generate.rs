@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::batch::{ForwardOptions, PaddingSide, TokenBatch};
 use crate::error::{ModelError, Result};
 use crate::model::Llama;
-use crate::sampling::{Sampling, next_token};
+use crate::sampling::{Sampling, choose, log_prob};
 
 /// Why a completion ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,11 +145,11 @@ impl Llama {
             let mut next = Vec::with_capacity(active.len());
             for (slot, &r) in active.iter().enumerate() {
                 let row = &logits[slot * vocab..(slot + 1) * vocab];
-                let (tok, lp) = next_token(row, &options.sampling, &mut rngs[r]);
+                let tok = choose(row, &options.sampling, &mut rngs[r]);
                 let c = &mut out[r];
                 c.ids.push(tok);
                 if let Some(l) = &mut c.logprobs {
-                    l.push(lp);
+                    l.push(log_prob(row, tok));
                 }
                 if stop.contains(&tok) {
                     c.finish_reason = FinishReason::Stop;

@@ -87,7 +87,14 @@ pub fn log_prob(logits: &[f32], token: u32) -> f32 {
 
 /// The next token and its log-probability under the unmodified distribution (temperature 1).
 pub fn next_token(logits: &[f32], sampling: &Sampling, rng: &mut ChaCha8Rng) -> (u32, f32) {
-    let token = if sampling.temperature == 0.0 {
+    let token = choose(logits, sampling, rng);
+    (token, log_prob(logits, token))
+}
+
+/// The next token alone ([`next_token`] without the log-probability, which costs a pass over
+/// the vocabulary).
+pub fn choose(logits: &[f32], sampling: &Sampling, rng: &mut ChaCha8Rng) -> u32 {
+    if sampling.temperature == 0.0 {
         argmax(logits)
     } else if keeps_all(logits.len(), sampling) {
         // The whole vocabulary: no ranking needed (a sort of 128k entries would cost more
@@ -96,8 +103,7 @@ pub fn next_token(logits: &[f32], sampling: &Sampling, rng: &mut ChaCha8Rng) -> 
     } else {
         let (cand, probs) = candidates(logits, sampling);
         cand[draw(&probs, rng)].0 as u32
-    };
-    (token, log_prob(logits, token))
+    }
 }
 
 /// The distribution [`next_token`] draws from, over the whole vocabulary (zero outside the

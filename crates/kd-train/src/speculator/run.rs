@@ -10,9 +10,10 @@ use kd_lora::{LoraConfig, TargetModules, derive_seed};
 use kd_loss::HiddenProjection;
 use kd_model::{Llama, Sampling};
 use kd_teacher::{
-    CacheManifest, CacheProgress, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, RemoteConfig,
-    RemoteTeacher, ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions,
-    Scores, Teacher, model_fingerprint, prompts_hash, sequences_hash, template_hash,
+    CacheManifest, CacheProgress, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher,
+    Prompt, RemoteConfig, RemoteTeacher, ReplicatedTeacher, SamplingParams, ScoreCache,
+    ScoreCacheManifest, ScoreOptions, Scores, Teacher, model_fingerprint, prompts_hash,
+    sequences_hash, template_hash,
 };
 use serde::{Deserialize, Serialize};
 
@@ -298,7 +299,12 @@ pub fn run(
 
     // The target's completions of the training prompts.
     observer.on_phase(Phase::Generate);
-    let prompts = setup.prompts.train_prompts();
+    // Longest prompts first: a shard is one teacher batch, and similar lengths together waste
+    // less on padding. The generations go back to prompt order below.
+    let train_prompts = setup.prompts.train_prompts();
+    let mut order: Vec<usize> = (0..train_prompts.len()).collect();
+    order.sort_by_key(|i| std::cmp::Reverse(train_prompts[*i].ids.len()));
+    let prompts: Vec<Prompt> = order.iter().map(|i| train_prompts[*i].clone()).collect();
     let cache_dir = teacher_cache_dir(config);
     let params = generation_params(config);
     let shard = config.batch_size * setup.target_devices.len().max(1);
@@ -315,9 +321,17 @@ pub fn run(
         },
     )?;
     let total = prompts.len();
-    let generations = gen_cache.generate(teacher.teacher(), &prompts, |p| {
+    let by_length = gen_cache.generate(teacher.teacher(), &prompts, |p| {
         observer.on_teacher_progress(Phase::Generate, &p, total);
     })?;
+    let mut generations = vec![None; by_length.len()];
+    for (i, g) in order.iter().zip(by_length) {
+        generations[*i] = Some(g);
+    }
+    let generations: Vec<Generation> = generations
+        .into_iter()
+        .map(|g| g.expect("every prompt was generated"))
+        .collect();
     let generated_tokens = generations.iter().map(|g| g.ids.len()).sum();
     let examples = build_examples(&setup.prompts, &generations, config.max_seq_length);
     if examples.examples.is_empty() {
@@ -559,7 +573,7 @@ fn score(
     setup: &Setup,
     teacher: &TeacherBackend,
     examples: &Examples,
-    generations: &[kd_teacher::Generation],
+    generations: &[Generation],
     observer: &mut dyn SpeculatorObserver,
 ) -> Result<Vec<Scores>> {
     let sequences: Vec<Vec<u32>> = examples
