@@ -2,117 +2,34 @@
 //! → the draft's LoRA training → acceptance of the draft before and after, by real
 //! speculative decoding on held-out prompts.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use kd_eval::{AcceptanceReport, EvalOptions, EvalPhase, SpecConfig, evaluate};
+use kd_eval::{EvalOptions, SpecConfig, evaluate};
 use kd_lora::{LoraConfig, TargetModules, derive_seed};
 use kd_loss::HiddenProjection;
 use kd_model::{Llama, Sampling};
 use kd_teacher::{
-    CacheManifest, CacheProgress, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher,
-    Prompt, RemoteConfig, RemoteTeacher, ReplicatedTeacher, SamplingParams, ScoreCache,
-    ScoreCacheManifest, ScoreOptions, Scores, Teacher, model_fingerprint, prompts_hash,
-    sequences_hash, template_hash,
+    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, Prompt,
+    RemoteConfig, RemoteTeacher, ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest,
+    ScoreOptions, Scores, Teacher, model_fingerprint, prompts_hash, sequences_hash, template_hash,
 };
-use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{TRAINER_STATE_FILE, TrainerState, read_state};
 use crate::config::{TrainConfig, TrainMode};
 use crate::error::{Result, TrainError};
-use crate::metrics::{LogRecord, TensorBoard, TrainObserver};
+use crate::metrics::{LogRecord, TensorBoard};
+use crate::speculator::acceptance::{
+    AcceptanceFile, CheckpointAcceptance, CheckpointEval, TrainingWatcher, log_acceptance,
+    read_acceptance, write_acceptance, write_best,
+};
 use crate::speculator::config::SpeculatorConfig;
 use crate::speculator::data::{Examples, build_examples};
 use crate::speculator::loss::{SpeculatorLoss, TeacherTargets};
+use crate::speculator::observe::{Phase, SpeculatorObserver};
 use crate::speculator::setup::{
     ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup, teacher_cache_dir,
 };
 use crate::trainer::{RunInfo, TrainModel, TrainSummary, train};
-
-/// The stages of a run, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Checking the configuration, reading prompts and loading the models.
-    Setup,
-    /// The target generates completions.
-    Generate,
-    /// The target scores prompt + completion (hidden states, top-k log-probs).
-    Score,
-    /// Acceptance of the untrained draft.
-    EvalBefore,
-    /// LoRA training of the draft.
-    Train,
-    /// Acceptance of the trained draft.
-    EvalAfter,
-}
-
-impl Phase {
-    /// A short name for displays.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Setup => "setup",
-            Self::Generate => "generate",
-            Self::Score => "score",
-            Self::EvalBefore => "eval before",
-            Self::Train => "train",
-            Self::EvalAfter => "eval after",
-        }
-    }
-}
-
-/// Progress callbacks of a run (the binary draws progress bars from them; the library
-/// prints nothing). Training events arrive through the [`TrainObserver`] methods.
-pub trait SpeculatorObserver: TrainObserver {
-    /// A phase starts.
-    fn on_phase(&mut self, _phase: Phase) {}
-    /// Something the user should know that does not stop the run.
-    fn on_warning(&mut self, _message: &str) {}
-    /// A shard of generations (or scores) is done: prompts done of `total`.
-    fn on_teacher_progress(&mut self, _phase: Phase, _progress: &CacheProgress, _total: usize) {}
-    /// Speculative decoding of held-out prompts: `done` of `total` prompts.
-    fn on_eval_progress(&mut self, _phase: EvalPhase, _done: usize, _total: usize) {}
-    /// An acceptance measurement finished (`label`: `before`, `after`, or a checkpoint).
-    fn on_acceptance(&mut self, _label: &str, _report: &AcceptanceReport) {}
-}
-
-/// An observer that ignores everything.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Quiet;
-
-impl TrainObserver for Quiet {}
-impl SpeculatorObserver for Quiet {}
-
-/// Acceptance of one checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CheckpointAcceptance {
-    /// The checkpoint directory.
-    pub checkpoint: PathBuf,
-    /// Its optimizer step.
-    pub step: usize,
-    /// The report.
-    pub report: AcceptanceReport,
-}
-
-/// `acceptance.json`: the untrained and the trained draft side by side, with the settings of
-/// the measurement.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AcceptanceFile {
-    /// How acceptance was measured.
-    pub options: EvalOptions,
-    /// Number of held-out prompts.
-    pub prompts: usize,
-    /// SHA-256 of the held-out prompts' ids.
-    pub prompts_hash: String,
-    /// The draft before training.
-    pub before: Option<AcceptanceReport>,
-    /// The draft after training.
-    pub after: Option<AcceptanceReport>,
-    /// Every checkpoint measured during training (`--eval_steps`).
-    pub checkpoints: Vec<CheckpointAcceptance>,
-    /// The checkpoint with the longest mean accepted length.
-    pub best_checkpoint: Option<PathBuf>,
-}
 
 /// How a run went.
 #[derive(Debug, Clone, PartialEq)]
@@ -613,85 +530,6 @@ fn score(
     })?)
 }
 
-/// Forwards training events and measures acceptance at checkpoints (`--eval_steps`).
-struct TrainingWatcher<'a> {
-    inner: &'a mut dyn SpeculatorObserver,
-    last_log: Option<LogRecord>,
-    eval: Option<CheckpointEval<'a>>,
-}
-
-struct CheckpointEval<'a> {
-    target: &'a Llama,
-    base: &'a Llama,
-    prompts: &'a [Vec<u32>],
-    options: &'a EvalOptions,
-    every: usize,
-    last_step: usize,
-    results: Vec<CheckpointAcceptance>,
-    error: Option<TrainError>,
-}
-
-impl CheckpointEval<'_> {
-    fn measure(&mut self, dir: &Path, inner: &mut dyn SpeculatorObserver) -> Result<()> {
-        let step = read_state(dir)?.global_step;
-        if self.every == 0 || step < self.last_step + self.every {
-            return Ok(());
-        }
-        self.last_step = step;
-        let (draft, _) = self.base.clone().load_adapter(dir)?;
-        let report = evaluate(
-            self.target,
-            &draft.merge_and_unload(),
-            self.prompts,
-            self.options,
-            |phase, d, t| inner.on_eval_progress(phase, d, t),
-        )?;
-        let label = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        inner.on_acceptance(&label, &report);
-        self.results.push(CheckpointAcceptance {
-            checkpoint: dir.to_path_buf(),
-            step,
-            report,
-        });
-        Ok(())
-    }
-}
-
-impl TrainObserver for TrainingWatcher<'_> {
-    fn on_start(&mut self, start_step: usize, total_steps: usize) {
-        if let Some(e) = &mut self.eval {
-            e.last_step = start_step;
-        }
-        self.inner.on_start(start_step, total_steps);
-    }
-
-    fn on_step(&mut self, step: usize, loss: f64) {
-        self.inner.on_step(step, loss);
-    }
-
-    fn on_log(&mut self, record: &LogRecord) {
-        self.last_log = Some(record.clone());
-        self.inner.on_log(record);
-    }
-
-    fn on_checkpoint(&mut self, path: &Path) {
-        self.inner.on_checkpoint(path);
-        if let Some(e) = &mut self.eval
-            && e.error.is_none()
-            && let Err(err) = e.measure(path, self.inner)
-        {
-            e.error = Some(err);
-        }
-    }
-
-    fn on_skipped_step(&mut self, step: usize) {
-        self.inner.on_skipped_step(step);
-    }
-}
-
 struct PhaseTimer {
     phases: Vec<(Phase, f64)>,
     since: Instant,
@@ -711,57 +549,4 @@ impl PhaseTimer {
             .push((phase, self.since.elapsed().as_secs_f64()));
         self.since = Instant::now();
     }
-}
-
-fn log_acceptance(tb: &mut TensorBoard, r: &AcceptanceReport, step: usize) -> Result<()> {
-    tb.scalar("eval/acceptance_rate", r.acceptance_rate, step)?;
-    tb.scalar("eval/mean_accepted_length", r.mean_accepted_length, step)?;
-    tb.scalar(
-        "eval/mean_accepted_length_with_bonus",
-        r.mean_accepted_length_with_bonus,
-        step,
-    )?;
-    tb.scalar("eval/alpha", r.alpha, step)?;
-    tb.scalar("eval/top1_agreement", r.top1_agreement, step)?;
-    if let Some(x) = r.measured_speedup {
-        tb.scalar("eval/speedup", x, step)?;
-    }
-    Ok(())
-}
-
-/// Reads an `acceptance.json` (`None` when absent or unreadable).
-pub fn read_acceptance(path: &Path) -> Option<AcceptanceFile> {
-    let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-fn write_acceptance(path: &Path, file: &AcceptanceFile) -> Result<()> {
-    let text = serde_json::to_string_pretty(file).expect("the report serialises");
-    Ok(kd_model::write_atomic(path, text.as_bytes())?)
-}
-
-/// `output_dir/trainer_state.json`: the trainer's history at the last checkpoint plus the
-/// best checkpoint by mean accepted length (Hugging Face's `best_model_checkpoint`).
-fn write_best(out: &Path, last: Option<&PathBuf>, file: &AcceptanceFile) -> Result<()> {
-    let Some(best) = &file.best_checkpoint else {
-        return Ok(());
-    };
-    let mut state: serde_json::Value = last
-        .and_then(|l| std::fs::read_to_string(l.join(TRAINER_STATE_FILE)).ok())
-        .and_then(|t| serde_json::from_str::<TrainerState>(&t).ok())
-        .and_then(|s| serde_json::to_value(s).ok())
-        .unwrap_or_else(|| serde_json::json!({}));
-    let metric = file
-        .checkpoints
-        .iter()
-        .find(|c| &c.checkpoint == best)
-        .map(|c| c.report.mean_accepted_length);
-    state["best_model_checkpoint"] = serde_json::json!(best);
-    state["best_metric"] = serde_json::json!(metric);
-    state["metric_for_best_model"] = serde_json::json!("eval/mean_accepted_length");
-    let text = serde_json::to_string_pretty(&state).expect("JSON values serialise");
-    Ok(kd_model::write_atomic(
-        &out.join(TRAINER_STATE_FILE),
-        text.as_bytes(),
-    )?)
 }
