@@ -15,12 +15,14 @@ pub enum DataError {
         source: std::io::Error,
     },
     /// A record is malformed (with the policy `error`).
-    #[error("{path}:{line}: {reason}")]
+    #[error("{path}:{line}{}: {reason}", record_suffix(*.record))]
     Record {
         /// The file.
         path: PathBuf,
-        /// 1-based line (JSONL) or record number (JSON array).
+        /// 1-based line of the record's start.
         line: usize,
+        /// 1-based record number among a JSON array's elements (`None` for JSONL).
+        record: Option<usize>,
         /// What is wrong.
         reason: String,
     },
@@ -53,4 +55,8 @@ impl DataError {
             source,
         }
     }
+}
+
+fn record_suffix(record: Option<usize>) -> String {
+    record.map(|r| format!(" (record {r})")).unwrap_or_default()
 }

@@ -338,6 +338,7 @@ pub fn load_template(dir: &Path) -> Result<Option<ChatTemplate>> {
         Ok(text) => serde_json::from_str(&text).map_err(|e| DataError::Record {
             path: config_path.clone(),
             line: e.line(),
+            record: None,
             reason: format!("invalid JSON: {e}"),
         })?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::Value::Null,

@@ -172,6 +172,7 @@ where
                         return Some(Err(DataError::Record {
                             path: raw.location.path.to_path_buf(),
                             line: raw.location.line,
+                            record: raw.location.record,
                             reason: format!(
                                 "{} (set the bad-record policy to `skip` to skip such records)",
                                 bad.detail

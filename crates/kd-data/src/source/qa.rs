@@ -1,6 +1,11 @@
 //! Question/answer sets (the distill seed, ROLL): a JSON array or JSONL of objects whose
 //! fields are named by `question_key` / `answer_key` (and optionally `prompt_key`,
 //! `system_key`), dotted paths allowed for nested fields.
+//!
+//! Field values must be strings, with one documented coercion: a JSON number (an answer such
+//! as `42` or `3.5`, common in math sets) is taken as its JSON text (`"42"`, `"3.5"`).
+//! `null`, booleans, arrays and objects are refused with the key and the type found. A
+//! record is located by file and line, and for a JSON array also by its record number.
 
 use std::path::PathBuf;
 
@@ -8,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::openai::type_name;
-use super::reader::{Location, RawRecord, RawRecords, get_path};
+use super::reader::{Location, RawRecord, RawRecords, get_path_raw};
 use super::{BadRecord, BadRecordKind, BadRecordPolicy, Message, Records};
 
 /// Which fields hold what.
@@ -61,15 +66,38 @@ pub struct QaSource {
     pub policy: BadRecordPolicy,
 }
 
+/// The keys an object has, for error messages (`question`, `answer`, …; at most 12).
+fn keys_present(v: &Value) -> String {
+    match v.as_object() {
+        Some(map) if map.is_empty() => "the record has no keys".into(),
+        Some(map) => {
+            let mut names: Vec<String> = map.keys().take(12).map(|k| format!("`{k}`")).collect();
+            if map.len() > 12 {
+                names.push(format!("… {} more", map.len() - 12));
+            }
+            format!("keys present: {}", names.join(", "))
+        }
+        None => String::new(),
+    }
+}
+
 fn text_field(v: &Value, key: &str, required: bool) -> Result<Option<String>, BadRecord> {
-    match get_path(v, key) {
+    match get_path_raw(v, key) {
         None if required => Err(BadRecord::new(
             BadRecordKind::MissingKey,
-            format!("missing key `{key}`"),
+            format!(
+                "missing key `{key}` ({}; set question_key / answer_key to the right names)",
+                keys_present(v)
+            ),
         )),
         None => Ok(None),
+        Some(Value::Null) if required => Err(BadRecord::new(
+            BadRecordKind::WrongType,
+            format!("`{key}` is null: expected a string"),
+        )),
+        Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        // Answers such as 42 are common in math sets.
+        // Answers such as 42 are common in math sets: documented coercion to the JSON text.
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
         Some(other) => Err(BadRecord::new(
             BadRecordKind::WrongType,

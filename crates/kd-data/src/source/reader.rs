@@ -18,11 +18,19 @@ pub struct Location {
     pub path: Arc<Path>,
     /// 1-based line of the record's start.
     pub line: usize,
+    /// 1-based number of the record among the elements of a JSON array (`None` for JSONL and
+    /// text, where the line alone locates it). Several records of a one-line array share
+    /// their line; this tells them apart.
+    pub record: Option<usize>,
 }
 
 impl std::fmt::Display for Location {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.path.display(), self.line)
+        write!(f, "{}:{}", self.path.display(), self.line)?;
+        if let Some(r) = self.record {
+            write!(f, " (record {r})")?;
+        }
+        Ok(())
     }
 }
 
@@ -130,6 +138,7 @@ impl Iterator for RawRecords {
                             let location = Location {
                                 path: path.clone(),
                                 line: self.line,
+                                record: None,
                             };
                             let value = match std::str::from_utf8(&self.buf) {
                                 Ok(text) if text.trim().is_empty() => continue,
@@ -155,9 +164,11 @@ impl Iterator for RawRecords {
                 Format::Array(elements) => match elements.next() {
                     None => self.current = None,
                     Some(Ok((line, bytes))) => {
+                        elements.count += 1;
                         let location = Location {
                             path: path.clone(),
                             line,
+                            record: Some(elements.count),
                         };
                         let value = serde_json::from_slice(&bytes).map_err(invalid_json);
                         return Some(Ok(RawRecord { location, value }));
@@ -166,6 +177,7 @@ impl Iterator for RawRecords {
                         let e = DataError::Record {
                             path: path.to_path_buf(),
                             line: elements.line,
+                            record: Some(elements.count + 1),
                             reason: format!("malformed JSON array: {message}"),
                         };
                         self.current = None;
@@ -181,6 +193,8 @@ impl Iterator for RawRecords {
 struct ArrayElements<R> {
     reader: R,
     line: usize,
+    /// Elements returned so far.
+    count: usize,
     started: bool,
     done: bool,
 }
@@ -190,6 +204,7 @@ impl<R: Read> ArrayElements<R> {
         Self {
             reader,
             line: 1,
+            count: 0,
             started: false,
             done: false,
         }
@@ -284,6 +299,11 @@ impl<R: Read> ArrayElements<R> {
 
 /// The value at a dotted path (`"meta.question"`), if present and not null.
 pub fn get_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
+    get_path_raw(value, path).filter(|v| !v.is_null())
+}
+
+/// Like [`get_path`], but a `null` value is returned as such (to tell "null" from "absent").
+pub(crate) fn get_path_raw<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
     let mut v = value;
     for key in path.split('.') {
         v = match v {
@@ -292,7 +312,7 @@ pub fn get_path<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
             _ => return None,
         };
     }
-    (!v.is_null()).then_some(v)
+    Some(v)
 }
 
 #[cfg(test)]

@@ -145,6 +145,7 @@ impl Iterator for TextPieces {
             location: Location {
                 path: self.path.clone(),
                 line: start,
+                record: None,
             },
             document_end: self.done,
         }))

@@ -90,6 +90,7 @@ fn bad_records_error_with_file_and_line_or_are_counted() {
             path: p,
             line,
             reason,
+            ..
         }) => {
             assert_eq!((p, line), (path.clone(), 2));
             assert!(
@@ -244,6 +245,67 @@ fn qa_sets_from_array_and_jsonl_with_dotted_keys() {
         .to_string();
     assert!(
         e.contains("qa.jsonl:2") && e.contains("missing key `answer`"),
+        "{e}"
+    );
+}
+
+/// Records of a one-line JSON array are told apart by record number; null is called null;
+/// a missing key lists the keys the record has.
+#[test]
+fn qa_errors_locate_records_and_name_what_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "qa.json",
+        r#"[{"question": "q1", "answer": "a1"}, {"question": "q2", "answer": "a2"}, {"question": null, "answer": "a3"}, {"prompt": "p", "response": "r"}]"#,
+    );
+    let source = |policy| QaSource {
+        files: vec![path.clone()],
+        keys: QaKeys::default(),
+        policy,
+    };
+    let mut it = source(BadRecordPolicy::Skip).records();
+    let ok: Vec<_> = it.by_ref().collect::<Result<_, _>>().unwrap();
+    assert_eq!(ok.len(), 2);
+    assert_eq!((ok[0].location.line, ok[0].location.record), (1, Some(1)));
+    assert_eq!(ok[1].location.record, Some(2));
+    assert!(ok[1].id.ends_with("qa.json:1 (record 2)"), "{}", ok[1].id);
+    assert_eq!(it.skipped().counts[&BadRecordKind::WrongType], 1);
+    assert_eq!(it.skipped().counts[&BadRecordKind::MissingKey], 1);
+
+    let e = source(BadRecordPolicy::Error)
+        .records()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap_err();
+    match &e {
+        DataError::Record { line, record, .. } => assert_eq!((*line, *record), (1, Some(3))),
+        other => panic!("expected a record error, got {other:?}"),
+    }
+    let e = e.to_string();
+    assert!(
+        e.contains("qa.json:1 (record 3)") && e.contains("`question` is null"),
+        "{e}"
+    );
+
+    // Without the null record, the missing keys are reported with the keys present.
+    let path2 = write(
+        dir.path(),
+        "qa2.json",
+        r#"[{"question": "q1", "answer": "a1"}, {"prompt": "p", "response": "r"}]"#,
+    );
+    let e = QaSource {
+        files: vec![path2],
+        keys: QaKeys::default(),
+        policy: BadRecordPolicy::Error,
+    }
+    .records()
+    .collect::<Result<Vec<_>, _>>()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("(record 2)")
+            && e.contains("missing key `question`")
+            && e.contains("keys present: `prompt`, `response`"),
         "{e}"
     );
 }
