@@ -13,13 +13,17 @@
 //!   resumed run ends with the same bytes as an uninterrupted one.
 //! - Metrics: `training_log.txt`, TensorBoard event files under `runs/`, and a
 //!   [`TrainObserver`] for progress bars.
+//! - [`distill`]: ROLL's distill pipeline as a library function ([`distill::run`]), driven by
+//!   ROLL's YAML.
 //! - [`speculator`]: the speculator pipeline as a library function
 //!   ([`speculator::run`]), with its acceptance report, merged export and teacher server.
 #![warn(missing_docs)]
 
 mod checkpoint;
 mod config;
+pub mod distill;
 mod error;
+mod kd_term;
 mod memory;
 mod metrics;
 mod optim;
@@ -39,6 +43,7 @@ pub use metrics::{LogRecord, NoopObserver, TensorBoard, TextLog, TrainObserver, 
 pub use optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
 pub use schedule::learning_rate;
 pub use trainer::{
-    CausalLmLoss, RunInfo, StepGradients, StepLoss, StepLossFn, TrainModel, TrainSummary,
-    load_checkpoint_weights, shard_rows, step_gradients, token_batch, train,
+    CausalLmLoss, NoHook, RunInfo, StepGradients, StepHook, StepLoss, StepLossFn, TrainModel,
+    TrainSummary, load_checkpoint_weights, shard_rows, step_gradients, token_batch, train,
+    train_with_hook,
 };

@@ -270,6 +270,24 @@ fn all_finite(model: &TrainModel) -> bool {
     v.0
 }
 
+/// Work done between optimizer steps with the model being trained (the distill pipeline's
+/// validation every `eval_steps`).
+pub trait StepHook {
+    /// Called after optimizer step `step` (1-based) of `total_steps`, after its metrics and
+    /// checkpoints; an error stops the run.
+    fn after_step(&mut self, step: usize, total_steps: usize, model: &TrainModel) -> Result<()>;
+}
+
+/// A hook that does nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoHook;
+
+impl StepHook for NoHook {
+    fn after_step(&mut self, _: usize, _: usize, _: &TrainModel) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// Trains `model` on `examples` with `loss_fn`. Returns the trained model (without autodiff)
 /// and a summary. With `resume_from_checkpoint` set, weights, optimizer state and data
 /// position come from that checkpoint and the run continues exactly.
@@ -280,6 +298,27 @@ pub fn train(
     examples: &[Example],
     loss_fn: &dyn StepLossFn,
     observer: &mut dyn TrainObserver,
+) -> Result<(TrainModel, TrainSummary)> {
+    train_with_hook(
+        config,
+        info,
+        model,
+        examples,
+        loss_fn,
+        observer,
+        &mut NoHook,
+    )
+}
+
+/// [`train`] with a [`StepHook`] called after every optimizer step.
+pub fn train_with_hook(
+    config: &TrainConfig,
+    info: &RunInfo,
+    model: TrainModel,
+    examples: &[Example],
+    loss_fn: &dyn StepLossFn,
+    observer: &mut dyn TrainObserver,
+    hook: &mut dyn StepHook,
 ) -> Result<(TrainModel, TrainSummary)> {
     config.validate()?;
     if examples.is_empty() {
@@ -589,6 +628,7 @@ pub fn train(
                 prune(out, limit)?;
             }
         }
+        hook.after_step(state.global_step, total_steps, &model)?;
     }
     summary.global_step = state.global_step;
     summary.skipped_steps = state.skipped_steps;

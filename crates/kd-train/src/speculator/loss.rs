@@ -3,16 +3,14 @@
 //! (`reference/losses.md`). Counted positions are those that predict a completion token
 //! (the shifted labels); the hidden MSE and the KD term are taken at the same positions.
 
-use burn::tensor::module::linear;
 use burn::tensor::{Int, Tensor, TensorData};
 use kd_data::Batch;
-use kd_loss::{
-    KdConfig, KdObjective, Teacher, hidden_mse, kd_loss, linear_cross_entropy, next_token_targets,
-};
+use kd_loss::{KdConfig, KdObjective, hidden_mse, linear_cross_entropy, next_token_targets};
 use kd_model::{ForwardOptions, HiddenStates};
 use kd_teacher::Scores;
 
 use crate::error::{Result, TrainError};
+use crate::kd_term::{counted_positions, topk_kd};
 use crate::trainer::{StepLoss, StepLossFn, TrainModel, token_batch};
 
 /// What the target recorded for the training examples, aligned with them.
@@ -112,20 +110,10 @@ impl StepLossFn for SpeculatorLoss<'_> {
                     "packed batches cannot carry per-example teacher targets".into(),
                 ));
             }
-            // The counted positions: flat row index and the teacher's (example, position).
-            let mut rows = Vec::with_capacity(shifted.count);
-            let mut at = Vec::with_capacity(shifted.count);
-            for r in 0..b {
-                let e = batch.examples[r][0];
-                for t in 0..s {
-                    if shifted.mask[r * s + t] {
-                        rows.push((r * s + t) as i64);
-                        at.push((e, teacher.offsets[e] + t));
-                    }
-                }
-            }
-            let n = rows.len();
-            let index = Tensor::<1, Int>::from_data(TensorData::new(rows, [n]), &device);
+            let counted = counted_positions(batch, &shifted.mask, s, Some(teacher.offsets))?;
+            let n = counted.rows.len();
+            let index =
+                Tensor::<1, Int>::from_data(TensorData::new(counted.rows.clone(), [n]), &device);
             if hidden_wanted {
                 let student = if self.draft_layer == last {
                     flat.clone()
@@ -137,7 +125,7 @@ impl StepLossFn for SpeculatorLoss<'_> {
                     h.reshape([b * s, d])
                 };
                 let student = student.select(0, index.clone());
-                let dt = teacher.scores[at[0].0]
+                let dt = teacher.scores[counted.at[0].0]
                     .hidden_states
                     .first()
                     .map(|h| h.dim)
@@ -145,7 +133,7 @@ impl StepLossFn for SpeculatorLoss<'_> {
                         TrainError::Config("the target's scores hold no hidden states".into())
                     })?;
                 let mut values = Vec::with_capacity(n * dt);
-                for (e, p) in &at {
+                for (e, p) in &counted.at {
                     let h = &teacher.scores[*e].hidden_states[0];
                     values.extend_from_slice(&h.values[p * dt..(p + 1) * dt]);
                 }
@@ -161,21 +149,14 @@ impl StepLossFn for SpeculatorLoss<'_> {
                 add(mse, "hidden_mse", value);
             }
             if self.kd_weight > 0.0 {
-                let k = teacher.scores[at[0].0].k;
-                let mut idx = Vec::with_capacity(n * k);
-                let mut lps = Vec::with_capacity(n * k);
-                for (e, p) in &at {
-                    let sc = &teacher.scores[*e];
-                    idx.extend(sc.indices[p * k..(p + 1) * k].iter().map(|i| *i as i64));
-                    lps.extend_from_slice(&sc.logprobs[p * k..(p + 1) * k]);
-                }
-                let student_rows = flat.clone().select(0, index);
-                let logits = linear(student_rows, llama.lm_head_weight().transpose(), None);
-                let teacher_topk = Teacher::TopK {
-                    indices: Tensor::<2, Int>::from_data(TensorData::new(idx, [n, k]), &device),
-                    values: Tensor::<2>::from_data(TensorData::new(lps, [n, k]), &device),
-                };
-                let kd = kd_loss(logits, teacher_topk, &vec![true; n], normalizer, &self.kd)?;
+                let kd = topk_kd(
+                    flat.clone(),
+                    llama.lm_head_weight(),
+                    &counted,
+                    teacher.scores,
+                    normalizer,
+                    &self.kd,
+                )?;
                 let value = kd.stats.loss_sum / normalizer as f64 * self.kd_weight;
                 add(kd.loss * self.kd_weight, "kd_loss", value);
             }

@@ -29,7 +29,7 @@ mod data;
 mod loss;
 mod observe;
 mod run;
-mod setup;
+pub(crate) mod setup;
 mod tools;
 
 pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance};

@@ -1,9 +1,10 @@
 //! kd-train integration tests: optimizer against PyTorch, global token normalisation and
 //! replicas, a whole run with checkpoints and metrics, exact resume after SIGKILL; the
-//! speculator pipeline end to end.
+//! speculator and distill pipelines end to end.
 
 mod util;
 
+mod distill;
 mod normalisation;
 mod optimizer;
 mod resume;

@@ -1,0 +1,145 @@
+//! The distill loss, `(1 − w)·CE + w·KD` (`reference/losses.md`): both terms are sums over the
+//! step's counted positions divided by their global count; KD is shifted like CE (the logits
+//! at t are compared with the teacher's at t where label t + 1 counts; ROLL compares
+//! unshifted positions) and the end-of-turn token is not masked.
+
+use burn::tensor::Tensor;
+use kd_data::Batch;
+use kd_loss::{KdConfig, LossStats, linear_cross_entropy, next_token_targets};
+use kd_model::{ForwardOptions, HiddenStates, Llama};
+use kd_teacher::Scores;
+
+use crate::error::Result;
+use crate::kd_term::{counted_positions, topk_kd};
+use crate::trainer::{StepLoss, StepLossFn, TrainModel, token_batch};
+
+/// The loss of one micro-batch of the distill pipeline.
+pub struct DistillLoss<'a> {
+    /// `distill_loss_weight` (w).
+    pub distill_loss_weight: f64,
+    /// The objective and its parameters.
+    pub kd: KdConfig,
+    /// The teacher's top-k log-probs of every training example (full vocabulary when K = V).
+    pub scores: &'a [Scores],
+}
+
+/// Sums of one evaluation pass (CE and KD on the same positions).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvalSums {
+    /// Σ CE over counted positions.
+    pub ce_sum: f64,
+    /// KD statistics (Σ loss, Σ α, top-1 matches, counted).
+    pub kd: LossStats,
+}
+
+impl EvalSums {
+    /// Counted positions.
+    pub fn tokens(&self) -> usize {
+        self.kd.counted
+    }
+
+    /// Mean CE (`student/val_loss`).
+    pub fn ce(&self) -> f64 {
+        self.ce_sum / self.tokens().max(1) as f64
+    }
+
+    /// Mean KD.
+    pub fn kd(&self) -> f64 {
+        self.kd.loss_sum / self.tokens().max(1) as f64
+    }
+}
+
+/// The CE and KD terms of one batch: (CE output, KD output when anything counts).
+fn terms(
+    llama: &Llama,
+    batch: &Batch,
+    scores: &[Scores],
+    kd: &KdConfig,
+    normalizer: f32,
+    dropout_seed: Option<u64>,
+) -> Result<(kd_loss::LossOutput, Option<kd_loss::LossOutput>, Tensor<2>)> {
+    let last = llama.layers.len();
+    let opts = ForwardOptions {
+        logits: false,
+        hidden_states: HiddenStates::Layers(vec![last]),
+        dropout_seed,
+        ..ForwardOptions::default()
+    };
+    let out = llama.forward(&token_batch(batch)?, &opts)?;
+    let hidden = out.hidden_state(last).expect("requested").clone();
+    let [b, s, d] = hidden.dims();
+    let shifted = next_token_targets(&batch.labels, b, s);
+    let flat = hidden.reshape([b * s, d]);
+    let ce = linear_cross_entropy(
+        flat.clone(),
+        llama.lm_head_weight(),
+        &shifted.targets,
+        normalizer,
+    )?;
+    let kd_out = if shifted.count > 0 {
+        let counted = counted_positions(batch, &shifted.mask, s, None)?;
+        Some(topk_kd(
+            flat.clone(),
+            llama.lm_head_weight(),
+            &counted,
+            scores,
+            normalizer,
+            kd,
+        )?)
+    } else {
+        None
+    };
+    Ok((ce, kd_out, flat))
+}
+
+impl StepLossFn for DistillLoss<'_> {
+    fn loss(
+        &self,
+        model: &TrainModel,
+        batch: &Batch,
+        normalizer: f32,
+        dropout_seed: u64,
+    ) -> Result<StepLoss> {
+        let w = self.distill_loss_weight;
+        let (ce, kd, flat) = terms(
+            &model.llama,
+            batch,
+            self.scores,
+            &self.kd,
+            normalizer,
+            Some(dropout_seed),
+        )?;
+        let n = normalizer as f64;
+        let mut terms = vec![("train_student_loss", ce.stats.loss_sum / n)];
+        let mut total = ce.loss * (1.0 - w);
+        match kd {
+            Some(kd) => {
+                terms.push(("train_distill_loss", kd.stats.loss_sum / n));
+                terms.push(("kd_alpha", kd.stats.acceptance_sum / n));
+                terms.push(("kd_top1", kd.stats.top1_matches as f64 / n));
+                total = total + kd.loss * w;
+            }
+            // Nothing counted: a zero that still reaches the graph.
+            None => total = total + flat.sum() * 0.0,
+        }
+        Ok(StepLoss { total, terms })
+    }
+}
+
+/// CE and KD sums of `llama` over `batches` (no gradient, no dropout): the validation pass.
+pub fn evaluate_batches(
+    llama: &Llama,
+    batches: &[Batch],
+    scores: &[Scores],
+    kd: &KdConfig,
+) -> Result<EvalSums> {
+    let mut sums = EvalSums::default();
+    for batch in batches {
+        let (ce, kd_out, _) = terms(llama, batch, scores, kd, 1.0, None)?;
+        sums.ce_sum += ce.stats.loss_sum;
+        if let Some(k) = kd_out {
+            sums.kd.merge(&k.stats);
+        }
+    }
+    Ok(sums)
+}
