@@ -76,7 +76,7 @@ pub fn f32_view(t: &FlexTensor) -> Cow<'_, [f32]> {
     }
 }
 
-fn i64_view(t: &FlexTensor) -> Vec<u32> {
+pub(crate) fn i64_view(t: &FlexTensor) -> Vec<u32> {
     let data = t.clone().into_data().convert::<i64>();
     data.try_into_vec_as::<i64>()
         .expect("i64 data after conversion")

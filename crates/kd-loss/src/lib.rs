@@ -34,6 +34,7 @@ mod fused;
 mod hidden;
 pub mod kernels;
 mod linear;
+mod linear_kd;
 mod loss;
 mod reference;
 mod shift;
@@ -43,6 +44,7 @@ pub use error::{LossError, Result};
 pub use fused::f32_view;
 pub use hidden::{HiddenProjection, hidden_mse};
 pub use linear::linear_cross_entropy;
+pub use linear_kd::{LinearCe, LinearKdBackend, LinearKdJob, LinearKdOutput, linear_kd};
 pub use loss::{
     KernelPath, LossOutput, LossStats, Teacher, cross_entropy, cross_entropy_with, kd_loss,
     kd_loss_and_grad, kd_loss_with, mean_accepted_length,

@@ -85,34 +85,8 @@ fn host_linear_ce(
     let mut stats = BatchStats::default();
     for r0 in (0..rows).step_by(block) {
         let n = block.min(rows - r0);
-        z.clear();
-        // SAFETY: `z` has capacity for n × vocab; the GEMM (alpha = 0, no read of the
-        // destination) writes every element before `set_len` exposes them. `h` holds rows
-        // r0..r0 + n of `dim` values and `w` is [vocab, dim], read as its transpose.
-        unsafe {
-            gemm(
-                n,
-                vocab,
-                dim,
-                z.as_mut_ptr(),
-                1,
-                vocab as isize,
-                false,
-                h[r0 * dim..].as_ptr(),
-                1,
-                dim as isize,
-                w.as_ptr(),
-                dim as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                Parallelism::Rayon(0),
-            );
-            z.set_len(n * vocab);
-        }
+        let hb = &h[r0 * dim..(r0 + n) * dim];
+        logits_block(&mut z, hb, w, (n, dim, vocab));
         stats = stats.merge(kernels::ce_rows_in_place(
             &mut z,
             vocab,
@@ -120,61 +94,134 @@ fn host_linear_ce(
             job.scale,
         ));
         if let Some(dh) = dh.as_mut() {
-            // d hidden [n, dim] = G [n, vocab] · W [vocab, dim]
-            // SAFETY: the shapes and strides describe `z`, `w` and rows r0..r0 + n of `dh`.
-            unsafe {
-                gemm(
-                    n,
-                    dim,
-                    vocab,
-                    dh[r0 * dim..].as_mut_ptr(),
-                    1,
-                    dim as isize,
-                    false,
-                    z.as_ptr(),
-                    1,
-                    vocab as isize,
-                    w.as_ptr(),
-                    1,
-                    dim as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::Rayon(0),
-                );
-            }
+            hidden_grad_block(&mut dh[r0 * dim..(r0 + n) * dim], &z, w, (n, dim, vocab));
         }
         if let Some(dw) = dw.as_mut() {
-            // d W [vocab, dim] += Gᵀ [vocab, n] · H [n, dim]
-            // SAFETY: as above; Gᵀ is `z` read with swapped strides.
-            unsafe {
-                gemm(
-                    vocab,
-                    dim,
-                    n,
-                    dw.as_mut_ptr(),
-                    1,
-                    dim as isize,
-                    r0 > 0,
-                    z.as_ptr(),
-                    vocab as isize,
-                    1,
-                    h[r0 * dim..].as_ptr(),
-                    1,
-                    dim as isize,
-                    if r0 > 0 { 1.0 } else { 0.0 },
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::Rayon(0),
-                );
-            }
+            weight_grad_block(dw, &z, hb, (n, dim, vocab), r0 > 0);
         }
     }
     (stats, dh, dw)
+}
+
+/// `z = h · Wᵀ` for a block of `n` rows: `h` is `[n, dim]`, `w` is `[vocab, dim]`; `z` is
+/// cleared and refilled with `[n, vocab]`.
+pub(crate) fn logits_block(
+    z: &mut Vec<f32>,
+    h: &[f32],
+    w: &[f32],
+    (n, dim, vocab): (usize, usize, usize),
+) {
+    assert!(
+        h.len() >= n * dim && w.len() >= vocab * dim,
+        "GEMM operand shapes"
+    );
+    z.clear();
+    z.reserve(n * vocab);
+    // SAFETY: `z` has capacity for n × vocab; the GEMM (alpha = 0, no read of the
+    // destination) writes every element before `set_len` exposes them. `h` holds n rows of
+    // `dim` values and `w` is [vocab, dim], read as its transpose (both checked above).
+    unsafe {
+        gemm(
+            n,
+            vocab,
+            dim,
+            z.as_mut_ptr(),
+            1,
+            vocab as isize,
+            false,
+            h.as_ptr(),
+            1,
+            dim as isize,
+            w.as_ptr(),
+            dim as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::Rayon(0),
+        );
+        z.set_len(n * vocab);
+    }
+}
+
+/// `dh = G · W` for a block: `g` is `[n, vocab]`, `w` `[vocab, dim]`, `dh` `[n, dim]`
+/// (overwritten).
+pub(crate) fn hidden_grad_block(
+    dh: &mut [f32],
+    g: &[f32],
+    w: &[f32],
+    (n, dim, vocab): (usize, usize, usize),
+) {
+    assert!(
+        dh.len() >= n * dim && g.len() >= n * vocab && w.len() >= vocab * dim,
+        "GEMM operand shapes"
+    );
+    // SAFETY: the shapes and strides describe `g`, `w` and `dh`, whose lengths are checked
+    // above.
+    unsafe {
+        gemm(
+            n,
+            dim,
+            vocab,
+            dh.as_mut_ptr(),
+            1,
+            dim as isize,
+            false,
+            g.as_ptr(),
+            1,
+            vocab as isize,
+            w.as_ptr(),
+            1,
+            dim as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::Rayon(0),
+        );
+    }
+}
+
+/// `dW (+)= Gᵀ · H` for a block: `g` is `[n, vocab]`, `h` `[n, dim]`, `dw` `[vocab, dim]`
+/// (accumulated into when `accumulate`, overwritten otherwise).
+pub(crate) fn weight_grad_block(
+    dw: &mut [f32],
+    g: &[f32],
+    h: &[f32],
+    (n, dim, vocab): (usize, usize, usize),
+    accumulate: bool,
+) {
+    assert!(
+        dw.len() >= vocab * dim && g.len() >= n * vocab && h.len() >= n * dim,
+        "GEMM operand shapes"
+    );
+    // SAFETY: as above; Gᵀ is `g` read with swapped strides.
+    unsafe {
+        gemm(
+            vocab,
+            dim,
+            n,
+            dw.as_mut_ptr(),
+            1,
+            dim as isize,
+            accumulate,
+            g.as_ptr(),
+            vocab as isize,
+            1,
+            h.as_ptr(),
+            1,
+            dim as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::Rayon(0),
+        );
+    }
 }
 
 impl LinearCeBackend for Flex {

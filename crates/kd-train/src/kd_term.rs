@@ -2,10 +2,9 @@
 //! teacher's cached top-k log-probs at those positions, and the loss of the student's logits
 //! there against them.
 
-use burn::tensor::module::linear;
 use burn::tensor::{Int, Tensor, TensorData};
 use kd_data::Batch;
-use kd_loss::{KdConfig, LossOutput, Teacher, kd_loss};
+use kd_loss::{KdConfig, LinearCe, LinearKdOutput, Teacher, linear_kd};
 use kd_teacher::Scores;
 
 use crate::error::{Result, TrainError};
@@ -49,9 +48,13 @@ pub(crate) fn counted_positions(
     Ok(Counted { rows, at })
 }
 
-/// The KD loss of the student's logits at the counted rows of `flat` (`[rows, hidden]`, the
-/// final hidden states) through `lm_head` (`[vocab, hidden]`) against the teacher's top-k
-/// log-probs in `scores`, divided by `normalizer`.
+/// The KD loss (weighted by `kd_weight`) of the student's logits at the counted rows of
+/// `flat` (`[rows, hidden]`, the final hidden states) through `lm_head` (`[vocab, hidden]`)
+/// against the teacher's top-k log-probs in `scores`, plus `ce_weight ·` CE on the same rows
+/// against `targets` (the shifted labels of all rows) when given; divided by `normalizer`.
+/// The LM head is fused with both losses ([`kd_loss::linear_kd`]): no `[rows, vocab]` logits
+/// are kept.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn topk_kd(
     flat: Tensor<2>,
     lm_head: Tensor<2>,
@@ -59,7 +62,9 @@ pub(crate) fn topk_kd(
     scores: &[Scores],
     normalizer: f32,
     kd: &KdConfig,
-) -> Result<LossOutput> {
+    kd_weight: f32,
+    ce: Option<(&[i64], f32)>,
+) -> Result<LinearKdOutput> {
     let n = counted.rows.len();
     let device = flat.device();
     let k = scores[counted.at[0].0].k;
@@ -79,10 +84,24 @@ pub(crate) fn topk_kd(
     }
     let index = Tensor::<1, Int>::from_data(TensorData::new(counted.rows.clone(), [n]), &device);
     let student_rows = flat.select(0, index);
-    let logits = linear(student_rows, lm_head.transpose(), None);
     let teacher = Teacher::TopK {
         indices: Tensor::<2, Int>::from_data(TensorData::new(idx, [n, k]), &device),
         values: Tensor::<2>::from_data(TensorData::new(lps, [n, k]), &device),
     };
-    Ok(kd_loss(logits, teacher, &vec![true; n], normalizer, kd)?)
+    let targets: Option<Vec<i64>> =
+        ce.map(|(t, _)| counted.rows.iter().map(|r| t[*r as usize]).collect());
+    let ce = match (&targets, ce) {
+        (Some(t), Some((_, weight))) => Some(LinearCe { targets: t, weight }),
+        _ => None,
+    };
+    Ok(linear_kd(
+        student_rows,
+        lm_head,
+        teacher,
+        &vec![true; n],
+        normalizer,
+        kd,
+        kd_weight,
+        ce,
+    )?)
 }

@@ -25,7 +25,7 @@ pub enum TeacherRows<'a> {
 }
 
 impl<'a> TeacherRows<'a> {
-    fn row(&self, r: usize, vocab: usize) -> TeacherRow<'a> {
+    pub(crate) fn row(&self, r: usize, vocab: usize) -> TeacherRow<'a> {
         match *self {
             Self::Full(t) => TeacherRow::Full(&t[r * vocab..(r + 1) * vocab]),
             Self::Sparse { indices, values, k } => TeacherRow::Sparse {
@@ -52,7 +52,7 @@ pub struct BatchStats {
 }
 
 impl BatchStats {
-    fn add(mut self, r: RowStats) -> Self {
+    pub(crate) fn add(mut self, r: RowStats) -> Self {
         self.counted += 1;
         if r.nonfinite {
             self.nonfinite += 1;
@@ -87,7 +87,7 @@ fn kd_row_avx2(
     row::kd_row(p, s, t, scratch, g, scale)
 }
 
-fn kd_row(
+pub(crate) fn kd_row(
     p: &KdParams,
     s: &[f32],
     t: TeacherRow<'_>,
@@ -109,7 +109,7 @@ fn ce_row_avx2(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> O
     row::ce_row(z, target, g, scale)
 }
 
-fn ce_row(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> Option<f32> {
+pub(crate) fn ce_row(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features the function was compiled for.
@@ -124,7 +124,7 @@ fn ce_row_in_place_avx2(z: &mut [f32], target: usize, scale: f32) -> Option<f32>
     row::ce_row_in_place(z, target, scale)
 }
 
-fn ce_row_in_place(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
+pub(crate) fn ce_row_in_place(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features the function was compiled for.
@@ -180,7 +180,7 @@ pub fn kd_rows(
 }
 
 /// The statistics of one counted cross-entropy row (`None` = non-finite logits).
-fn ce_stats(loss: Option<f32>) -> BatchStats {
+pub(crate) fn ce_stats(loss: Option<f32>) -> BatchStats {
     let row = match loss {
         Some(loss) => RowStats {
             loss,

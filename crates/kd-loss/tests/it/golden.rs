@@ -3,8 +3,8 @@
 
 use burn::tensor::Tensor;
 use kd_loss::{
-    HiddenProjection, KdConfig, KdObjective, KernelPath, SparseStudent, Teacher,
-    cross_entropy_with, hidden_mse, kd_loss_with, next_token_targets,
+    HiddenProjection, KdConfig, KdObjective, KernelPath, LinearCe, SparseStudent, Teacher,
+    cross_entropy_with, hidden_mse, kd_loss_with, linear_kd, next_token_targets,
 };
 use serde_json::Value;
 
@@ -104,6 +104,179 @@ fn kd_cases_match_pytorch_on_both_paths() {
     }
     assert!(checked >= 60, "only {checked} runs");
 }
+
+/// `linear_kd` on every KD case, with the case's student logits written as an LM head:
+/// hidden = I (R × R) and W = studentᵀ ([V, R]), so hidden · Wᵀ is the student's logits. Then
+/// PyTorch's loss is the loss, dW = PyTorch's d loss / d logits transposed, and
+/// d hidden = (d loss / d logits) · W.
+#[test]
+fn linear_kd_matches_pytorch_through_an_identity_head() {
+    let (cases, g) = golden();
+    let mut checked = 0;
+    for case in cases.iter().filter(|c| c["kind"] == "kd") {
+        let name = case["name"].as_str().unwrap();
+        let p = case["prefix"].as_str().unwrap();
+        let student = &g[&format!("{p}student")];
+        let (rows, vocab) = (student.shape[0], student.shape[1]);
+        let want_loss = g[&format!("{p}loss")].f[0];
+        let want_grad = &g[&format!("{p}grad")].f;
+        let top1: i64 = g[&format!("{p}top1")].i.iter().sum();
+        let topk = case["topk"].as_u64().unwrap() > 0;
+        // A head cannot hold −∞ / NaN logits (0 · ∞ in the product): those cases test the
+        // row kernels, which linear_kd shares with kd_loss.
+        if student.f.iter().any(|v| !v.is_finite()) {
+            continue;
+        }
+        for sparse in [false, true] {
+            if sparse && !topk {
+                continue;
+            }
+            let device = cpu().autodiff();
+            let mut eye = vec![0f32; rows * rows];
+            for r in 0..rows {
+                eye[r * rows + r] = 1.0;
+            }
+            let hidden =
+                Tensor::<2>::from_data(burn::tensor::TensorData::new(eye, [rows, rows]), &device)
+                    .require_grad();
+            let w = t2(student, &device).transpose().require_grad();
+            let teacher_full = t2(&g[&format!("{p}teacher")], &device);
+            let mask: Vec<bool> = g[&format!("{p}mask")].i.iter().map(|m| *m != 0).collect();
+            let n = g[&format!("{p}N")].i[0] as f32;
+            let cfg = config(case);
+            let teacher = if sparse {
+                let (values, indices) = teacher_full.topk_with_indices(cfg.logits_topk, 1);
+                Teacher::TopK { indices, values }
+            } else {
+                Teacher::Logits(teacher_full)
+            };
+            let out = linear_kd(
+                hidden.clone(),
+                w.clone(),
+                teacher,
+                &mask,
+                n,
+                &cfg,
+                1.0,
+                None,
+            )
+            .unwrap();
+            let what = format!("{name} sparse={sparse}");
+            let loss = scalar(out.loss.clone());
+            assert!(
+                close(loss, want_loss, RTOL, 1e-7),
+                "{what}: loss {loss} vs {want_loss}"
+            );
+            assert_eq!(out.kd.top1_matches as i64, top1, "{what}");
+            let grads = out.loss.backward();
+            let dw = vec_f32(w.grad(&grads).unwrap());
+            let want_dw: Vec<f64> = (0..vocab)
+                .flat_map(|v| (0..rows).map(move |r| (v, r)))
+                .map(|(v, r)| want_grad[r * vocab + v])
+                .collect();
+            let e = max_rel(&dw, &want_dw);
+            assert!(e <= RTOL, "{what}: dW max rel err {e:.2e}");
+            let dh = vec_f32(hidden.grad(&grads).unwrap());
+            let want_dh: Vec<f64> = (0..rows)
+                .flat_map(|r| (0..rows).map(move |c| (r, c)))
+                .map(|(r, c)| {
+                    (0..vocab)
+                        .map(|v| want_grad[r * vocab + v] * student.f[c * vocab + v])
+                        .sum()
+                })
+                .collect();
+            let e = max_rel(&dh, &want_dh);
+            assert!(e <= 1e-4, "{what}: d hidden max rel err {e:.2e}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 30, "only {checked} runs");
+}
+
+/// `linear_kd` with the CE term equals the reference path's KD + CE on the same logits.
+#[test]
+fn linear_kd_with_cross_entropy_equals_the_sum_of_both_terms() {
+    let (cases, g) = golden();
+    for case in cases.iter().filter(|c| c["kind"] == "kd").take(8) {
+        let p = case["prefix"].as_str().unwrap();
+        let student = &g[&format!("{p}student")];
+        if student.f.iter().any(|v| !v.is_finite()) {
+            continue;
+        }
+        let (rows, vocab) = (student.shape[0], student.shape[1]);
+        let mask: Vec<bool> = g[&format!("{p}mask")].i.iter().map(|m| *m != 0).collect();
+        let targets: Vec<i64> = (0..rows)
+            .map(|r| {
+                if mask[r] {
+                    ((r * 7) % vocab) as i64
+                } else {
+                    -100
+                }
+            })
+            .collect();
+        let n = g[&format!("{p}N")].i[0] as f32;
+        let cfg = config(case);
+        let device = cpu().autodiff();
+        let mut eye = vec![0f32; rows * rows];
+        for r in 0..rows {
+            eye[r * rows + r] = 1.0;
+        }
+        let hidden =
+            Tensor::<2>::from_data(burn::tensor::TensorData::new(eye, [rows, rows]), &device);
+        let w = t2(student, &device).transpose().require_grad();
+        let teacher = || Teacher::Logits(t2(&g[&format!("{p}teacher")], &device));
+        let fused = linear_kd(
+            hidden,
+            w.clone(),
+            teacher(),
+            &mask,
+            n,
+            &cfg,
+            0.7,
+            Some(LinearCe {
+                targets: &targets,
+                weight: 0.3,
+            }),
+        )
+        .unwrap();
+        let fused_loss = scalar(fused.loss.clone());
+        let dw = vec_f32(fused.loss.backward().pipe(|g| w.grad(&g).unwrap()));
+
+        let logits = t2(student, &device).require_grad();
+        let kd = kd_loss_with(
+            logits.clone(),
+            teacher(),
+            &mask,
+            n,
+            &cfg,
+            KernelPath::Reference,
+        )
+        .unwrap();
+        let ce = cross_entropy_with(logits.clone(), &targets, n, KernelPath::Reference).unwrap();
+        let total = kd.loss * 0.7 + ce.loss * 0.3;
+        let want_loss = scalar(total.clone());
+        let want: Vec<f64> = vec_f32(logits.grad(&total.backward()).unwrap().transpose())
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        assert!(
+            close(fused_loss, want_loss, 1e-5, 1e-7),
+            "{fused_loss} vs {want_loss}"
+        );
+        let e = max_rel(&dw, &want);
+        assert!(e <= 1e-5, "dW max rel err {e:.2e}");
+        let ce_stats = fused.ce.unwrap();
+        assert_eq!(ce_stats.counted, mask.iter().filter(|m| **m).count());
+        assert!(close(ce_stats.loss_sum, ce.stats.loss_sum, 1e-5, 1e-6));
+    }
+}
+
+trait Pipe: Sized {
+    fn pipe<T>(self, f: impl FnOnce(Self) -> T) -> T {
+        f(self)
+    }
+}
+impl<T> Pipe for T {}
 
 #[test]
 fn cross_entropy_matches_pytorch() {

@@ -149,10 +149,10 @@ impl LoraTarget {
             Self::List(v) => v.iter().map(|x| x.trim().to_string()).collect(),
         };
         let names: Vec<String> = names.into_iter().filter(|n| !n.is_empty()).collect();
-        if names.iter().any(|n| n == "all-linear" || n == "all") {
-            if let kd_lora::TargetModules::Names(all) = kd_lora::TargetModules::default() {
-                return all;
-            }
+        if names.iter().any(|n| n == "all-linear" || n == "all")
+            && let kd_lora::TargetModules::Names(all) = kd_lora::TargetModules::default()
+        {
+            return all;
         }
         names
     }

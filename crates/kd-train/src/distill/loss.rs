@@ -1,11 +1,13 @@
-//! The distill loss, `(1 − w)·CE + w·KD` (`reference/losses.md`): both terms are sums over the
-//! step's counted positions divided by their global count; KD is shifted like CE (the logits
+//! The distill loss, `(1 − w)·CE + w·KD` (`reference/losses.md`), both terms in one pass of
+//! the LM head fused with the losses (`kd_loss::linear_kd`: no `[tokens, vocab]` logits are
+//! kept for autodiff). Both are sums over the step's counted positions divided by their global
+//! count; KD is shifted like CE (the logits
 //! at t are compared with the teacher's at t where label t + 1 counts; ROLL compares
 //! unshifted positions) and the end-of-turn token is not masked.
 
 use burn::tensor::Tensor;
 use kd_data::Batch;
-use kd_loss::{KdConfig, LossStats, linear_cross_entropy, next_token_targets};
+use kd_loss::{KdConfig, LossStats, next_token_targets};
 use kd_model::{ForwardOptions, HiddenStates, Llama};
 use kd_teacher::Scores;
 
@@ -49,15 +51,17 @@ impl EvalSums {
     }
 }
 
-/// The CE and KD terms of one batch: (CE output, KD output when anything counts).
+/// The student's loss on one batch, `(1 − w)·CE + w·KD` (`w` = `kd_weight`), its CE and KD
+/// statistics; CE and KD share the counted positions and one pass of the fused LM head.
 fn terms(
     llama: &Llama,
     batch: &Batch,
     scores: &[Scores],
     kd: &KdConfig,
+    kd_weight: f64,
     normalizer: f32,
     dropout_seed: Option<u64>,
-) -> Result<(kd_loss::LossOutput, Option<kd_loss::LossOutput>, Tensor<2>)> {
+) -> Result<(Tensor<1>, LossStats, LossStats)> {
     let last = llama.layers.len();
     let opts = ForwardOptions {
         logits: false,
@@ -70,26 +74,23 @@ fn terms(
     let [b, s, d] = hidden.dims();
     let shifted = next_token_targets(&batch.labels, b, s);
     let flat = hidden.reshape([b * s, d]);
-    let ce = linear_cross_entropy(
-        flat.clone(),
+    if shifted.count == 0 {
+        // Nothing counted: a zero that still reaches the graph.
+        return Ok((flat.sum() * 0.0, LossStats::default(), LossStats::default()));
+    }
+    let counted = counted_positions(batch, &shifted.mask, s, None)?;
+    let out = topk_kd(
+        flat,
         llama.lm_head_weight(),
-        &shifted.targets,
+        &counted,
+        scores,
         normalizer,
+        kd,
+        kd_weight as f32,
+        Some((&shifted.targets, (1.0 - kd_weight) as f32)),
     )?;
-    let kd_out = if shifted.count > 0 {
-        let counted = counted_positions(batch, &shifted.mask, s, None)?;
-        Some(topk_kd(
-            flat.clone(),
-            llama.lm_head_weight(),
-            &counted,
-            scores,
-            normalizer,
-            kd,
-        )?)
-    } else {
-        None
-    };
-    Ok((ce, kd_out, flat))
+    let ce = out.ce.expect("CE was asked for");
+    Ok((out.loss, ce, out.kd))
 }
 
 impl StepLossFn for DistillLoss<'_> {
@@ -100,28 +101,22 @@ impl StepLossFn for DistillLoss<'_> {
         normalizer: f32,
         dropout_seed: u64,
     ) -> Result<StepLoss> {
-        let w = self.distill_loss_weight;
-        let (ce, kd, flat) = terms(
+        let (total, ce, kd) = terms(
             &model.llama,
             batch,
             self.scores,
             &self.kd,
+            self.distill_loss_weight,
             normalizer,
             Some(dropout_seed),
         )?;
         let n = normalizer as f64;
-        let mut terms = vec![("train_student_loss", ce.stats.loss_sum / n)];
-        let mut total = ce.loss * (1.0 - w);
-        match kd {
-            Some(kd) => {
-                terms.push(("train_distill_loss", kd.stats.loss_sum / n));
-                terms.push(("kd_alpha", kd.stats.acceptance_sum / n));
-                terms.push(("kd_top1", kd.stats.top1_matches as f64 / n));
-                total = total + kd.loss * w;
-            }
-            // Nothing counted: a zero that still reaches the graph.
-            None => total = total + flat.sum() * 0.0,
-        }
+        let terms = vec![
+            ("train_student_loss", ce.loss_sum / n),
+            ("train_distill_loss", kd.loss_sum / n),
+            ("kd_alpha", kd.acceptance_sum / n),
+            ("kd_top1", kd.top1_matches as f64 / n),
+        ];
         Ok(StepLoss { total, terms })
     }
 }
@@ -135,11 +130,9 @@ pub fn evaluate_batches(
 ) -> Result<EvalSums> {
     let mut sums = EvalSums::default();
     for batch in batches {
-        let (ce, kd_out, _) = terms(llama, batch, scores, kd, 1.0, None)?;
-        sums.ce_sum += ce.stats.loss_sum;
-        if let Some(k) = kd_out {
-            sums.kd.merge(&k.stats);
-        }
+        let (_, ce, kd_stats) = terms(llama, batch, scores, kd, 0.5, 1.0, None)?;
+        sums.ce_sum += ce.loss_sum;
+        sums.kd.merge(&kd_stats);
     }
     Ok(sums)
 }

@@ -156,9 +156,11 @@ impl StepLossFn for SpeculatorLoss<'_> {
                     teacher.scores,
                     normalizer,
                     &self.kd,
+                    self.kd_weight as f32,
+                    None,
                 )?;
-                let value = kd.stats.loss_sum / normalizer as f64 * self.kd_weight;
-                add(kd.loss * self.kd_weight, "kd_loss", value);
+                let value = kd.kd.loss_sum / normalizer as f64 * self.kd_weight;
+                add(kd.loss, "kd_loss", value);
             }
         }
         // Nothing counted in this micro-batch: a zero that still reaches the graph.

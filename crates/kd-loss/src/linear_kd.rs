@@ -1,0 +1,557 @@
+//! KD (and optionally CE) fused with the student's LM head (`logits = hidden · Wᵀ`), in blocks
+//! of rows: per block the logits are computed by one GEMM, each row's KD gradient (plus its CE
+//! gradient) is written beside it, and the block's gradient is multiplied back into the
+//! gradients of the hidden states (and of `W` when it trains) before the next block, all in
+//! the forward pass. Nothing of `[rows, vocab]` outlives a block and nothing is kept for
+//! autodiff beyond `[rows, hidden]` (and `[vocab, hidden]` when `W` trains): the backward
+//! pass only scales the stored gradients.
+//!
+//! Both top-k mode (the teacher's `[rows, k]` indices and values, ROLL's renormalised
+//! semantics or `full_logsumexp`) and full-vocabulary mode (`[rows, vocab]` teacher logits),
+//! every objective of [`crate::KdObjective`], with the semantics of [`crate::kd_loss`]: same
+//! loss, gradients and statistics as `kd_loss(hidden · Wᵀ, …)` (+ `cross_entropy`).
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{AutodiffBackend, Backend, Flex, backend_extension};
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+use crate::config::KdConfig;
+use crate::error::{LossError, Result};
+use crate::fused::{FusedTeacher, f32_view, i64_view};
+use crate::kernels::{self, BatchStats, KdParams, Scratch, TeacherRows};
+use crate::linear::{hidden_grad_block, logits_block, weight_grad_block};
+use crate::loss::{
+    LossStats, Teacher, check_normalizer, check_targets, cross_entropy, kd_loss, on_flex,
+};
+
+/// Largest logits block in elements (32 Mi f32 = 128 MiB; the block's gradient takes as
+/// much again).
+const BLOCK_ELEMENTS: usize = 1 << 25;
+
+/// The non-tensor inputs of a fused call.
+#[derive(Debug, Clone)]
+pub struct LinearKdJob {
+    /// The KD kernel parameters.
+    pub kd: KdParams,
+    /// Rows that count for KD.
+    pub mask: Vec<bool>,
+    /// Multiplier of the summed KD loss (weight / normaliser, × τ² when asked).
+    pub kd_scale: f32,
+    /// CE targets per row (negative = ignored); empty = no CE term.
+    pub targets: Vec<i64>,
+    /// Multiplier of the summed CE loss (weight / normaliser).
+    pub ce_scale: f32,
+}
+
+/// The fused LM head + KD (+ CE) as a Burn backend extension (CPU backend and autodiff).
+#[backend_extension(Flex, Autodiff)]
+pub trait LinearKdBackend: Backend {
+    /// Returns `(loss [1], stats [10], d hidden [rows, hidden] or [1], d weight [vocab,
+    /// hidden] or [1])`; stats are the KD `[loss_sum, acceptance_sum, top1, counted,
+    /// nonfinite]` then the CE `[loss_sum, 0, 0, counted, nonfinite]`.
+    fn linear_kd(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        #[extension_type] teacher: FusedTeacher<Self>,
+        job: LinearKdJob,
+        grad_hidden: bool,
+        grad_weight: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+}
+
+/// Host results: KD and CE statistics and the requested gradients.
+type HostOut = (BatchStats, BatchStats, Option<Vec<f32>>, Option<Vec<f32>>);
+
+/// The host computation in blocks of `block` rows.
+#[allow(clippy::too_many_arguments)]
+fn host_linear_kd(
+    h: &[f32],
+    w: &[f32],
+    (rows, dim, vocab): (usize, usize, usize),
+    teacher: TeacherRows<'_>,
+    job: &LinearKdJob,
+    grad_hidden: bool,
+    grad_weight: bool,
+    block: usize,
+) -> HostOut {
+    let want_grad = grad_hidden || grad_weight;
+    let with_ce = !job.targets.is_empty();
+    let mut dh = grad_hidden.then(|| vec![0f32; rows * dim]);
+    let mut dw = grad_weight.then(|| vec![0f32; vocab * dim]);
+    let block = block.clamp(1, rows.max(1));
+    let mut z: Vec<f32> = Vec::with_capacity(block * vocab);
+    let mut g: Vec<f32> = if want_grad {
+        vec![0f32; block * vocab]
+    } else {
+        Vec::new()
+    };
+    let (mut kd_stats, mut ce_stats) = (BatchStats::default(), BatchStats::default());
+    let mut per_row = vec![(BatchStats::default(), BatchStats::default()); block];
+    for r0 in (0..rows).step_by(block) {
+        let n = block.min(rows - r0);
+        let hb = &h[r0 * dim..(r0 + n) * dim];
+        logits_block(&mut z, hb, w, (n, dim, vocab));
+        let one = |scratch: &mut Scratch,
+                   i: usize,
+                   zr: &mut [f32],
+                   gr: Option<&mut [f32]>|
+         -> (BatchStats, BatchStats) {
+            let r = r0 + i;
+            let mut kd = BatchStats::default();
+            let mut ce = BatchStats::default();
+            match gr {
+                Some(gr) => {
+                    if job.mask[r] {
+                        kd = kd.add(kernels::kd_row(
+                            &job.kd,
+                            zr,
+                            teacher.row(r, vocab),
+                            scratch,
+                            Some(gr),
+                            job.kd_scale,
+                        ));
+                    } else {
+                        gr.fill(0.0);
+                    }
+                    if with_ce && job.targets[r] >= 0 {
+                        // The CE gradient over the logits, added to the KD gradient.
+                        let loss =
+                            kernels::ce_row_in_place(zr, job.targets[r] as usize, job.ce_scale);
+                        ce = kernels::ce_stats(loss);
+                        for (a, b) in gr.iter_mut().zip(zr.iter()) {
+                            *a += *b;
+                        }
+                    }
+                }
+                None => {
+                    if job.mask[r] {
+                        kd = kd.add(kernels::kd_row(
+                            &job.kd,
+                            zr,
+                            teacher.row(r, vocab),
+                            scratch,
+                            None,
+                            job.kd_scale,
+                        ));
+                    }
+                    if with_ce && job.targets[r] >= 0 {
+                        ce = kernels::ce_stats(kernels::ce_row(
+                            zr,
+                            job.targets[r] as usize,
+                            None,
+                            job.ce_scale,
+                        ));
+                    }
+                }
+            }
+            (kd, ce)
+        };
+        // Per-row results are summed in row order, so the loss does not depend on how rayon
+        // splits the work.
+        let out = &mut per_row[..n];
+        if want_grad {
+            z.par_chunks_mut(vocab)
+                .zip(g[..n * vocab].par_chunks_mut(vocab))
+                .zip(out.par_iter_mut())
+                .enumerate()
+                .for_each_init(Scratch::default, |scratch, (i, ((zr, gr), o))| {
+                    *o = one(scratch, i, zr, Some(gr))
+                });
+        } else {
+            z.par_chunks_mut(vocab)
+                .zip(out.par_iter_mut())
+                .enumerate()
+                .for_each_init(Scratch::default, |scratch, (i, (zr, o))| {
+                    *o = one(scratch, i, zr, None)
+                });
+        }
+        for (k, c) in out.iter() {
+            kd_stats = kd_stats.merge(*k);
+            ce_stats = ce_stats.merge(*c);
+        }
+        if let Some(dh) = dh.as_mut() {
+            hidden_grad_block(&mut dh[r0 * dim..(r0 + n) * dim], &g, w, (n, dim, vocab));
+        }
+        if let Some(dw) = dw.as_mut() {
+            weight_grad_block(dw, &g, hb, (n, dim, vocab), r0 > 0);
+        }
+    }
+    (kd_stats, ce_stats, dh, dw)
+}
+
+fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+fn stats_vec(s: &BatchStats) -> [f32; 5] {
+    [
+        s.loss_sum as f32,
+        s.acceptance_sum as f32,
+        s.top1 as f32,
+        s.counted as f32,
+        s.nonfinite as f32,
+    ]
+}
+
+impl LinearKdBackend for Flex {
+    fn linear_kd(
+        hidden: FlexTensor,
+        weight: FlexTensor,
+        teacher: FusedTeacher<Self>,
+        job: LinearKdJob,
+        grad_hidden: bool,
+        grad_weight: bool,
+    ) -> (FlexTensor, FlexTensor, FlexTensor, FlexTensor) {
+        let hshape = hidden.layout().shape().to_vec();
+        let wshape = weight.layout().shape().to_vec();
+        let (rows, dim, vocab) = (hshape[0], hshape[1], wshape[0]);
+        let h = f32_view(&hidden);
+        let w = f32_view(&weight);
+        let block = (BLOCK_ELEMENTS / vocab.max(1)).max(1);
+        let (kd, ce, dh, dw) = match &teacher {
+            FusedTeacher::Full(t) => {
+                let t = f32_view(t);
+                host_linear_kd(
+                    &h,
+                    &w,
+                    (rows, dim, vocab),
+                    TeacherRows::Full(&t),
+                    &job,
+                    grad_hidden,
+                    grad_weight,
+                    block,
+                )
+            }
+            FusedTeacher::Sparse(idx, values) => {
+                let k = *values.layout().shape().to_vec().last().expect("2-D values");
+                let values = f32_view(values);
+                let indices = i64_view(idx);
+                host_linear_kd(
+                    &h,
+                    &w,
+                    (rows, dim, vocab),
+                    TeacherRows::Sparse {
+                        indices: &indices,
+                        values: &values,
+                        k,
+                    },
+                    &job,
+                    grad_hidden,
+                    grad_weight,
+                    block,
+                )
+            }
+            FusedTeacher::None(_) => unreachable!("linear_kd always has a teacher"),
+        };
+        let loss = (kd.loss_sum * job.kd_scale as f64 + ce.loss_sum * job.ce_scale as f64) as f32;
+        let mut stats = stats_vec(&kd).to_vec();
+        stats.extend(stats_vec(&ce));
+        let grad = |g: Option<Vec<f32>>, shape: Vec<usize>| match g {
+            Some(g) => flex(g, shape),
+            None => flex(vec![0.0], vec![1]),
+        };
+        (
+            flex(vec![loss], vec![1]),
+            flex(stats, vec![10]),
+            grad(dh, hshape),
+            grad(dw, wshape),
+        )
+    }
+}
+
+impl<B: Backend + LinearKdBackend, C: CheckpointStrategy> LinearKdBackend for Autodiff<B, C> {
+    fn linear_kd(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        teacher: FusedTeacher<Self>,
+        job: LinearKdJob,
+        _grad_hidden: bool,
+        _grad_weight: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        /// The backward step: the stored gradients, scaled by the upstream gradient.
+        #[derive(Debug)]
+        struct LinearKdBackward;
+
+        impl<B: Backend> Backward<B, 2> for LinearKdBackward {
+            type State = (FloatTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let upstream = grads.consume::<B>(&ops.node);
+                let upstream = B::float_reshape(upstream, vec![1, 1].into());
+                let (dh, dw) = ops.state;
+                for (parent, grad) in ops.parents.into_iter().zip([dh, dw]) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, B::float_mul(grad, upstream.clone()));
+                    }
+                }
+            }
+        }
+
+        let inner_teacher = match teacher {
+            FusedTeacher::None(t) => FusedTeacher::None(t.into_primitive()),
+            FusedTeacher::Full(t) => FusedTeacher::Full(t.into_primitive()),
+            FusedTeacher::Sparse(i, v) => FusedTeacher::Sparse(i, v.into_primitive()),
+        };
+        let (track_h, track_w) = (hidden.is_tracked(), weight.is_tracked());
+        let guards = [hidden.node(), weight.node()];
+        let (loss, stats, dh, dw) = B::linear_kd(
+            hidden.into_primitive(),
+            weight.into_primitive(),
+            inner_teacher,
+            job,
+            track_h,
+            track_w,
+        );
+        let loss = match LinearKdBackward
+            .prepare::<C>(guards)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((dh, dw), loss),
+            OpsKind::UnTracked(prep) => prep.finish(loss),
+        };
+        let stats = <Self as AutodiffBackend>::from_inner(stats);
+        (loss, stats.clone(), stats.clone(), stats)
+    }
+}
+
+/// What [`linear_kd`] returns.
+#[derive(Debug, Clone)]
+pub struct LinearKdOutput {
+    /// `kd_weight · KD + ce_weight · CE` `[1]`, each a sum over counted rows divided by the
+    /// normaliser; differentiable w.r.t. the hidden states and the LM head.
+    pub loss: Tensor<1>,
+    /// KD statistics (loss sum unweighted, α, top-1).
+    pub kd: LossStats,
+    /// CE statistics (loss sum unweighted), when CE was asked for.
+    pub ce: Option<LossStats>,
+}
+
+/// The CE term of a [`linear_kd`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearCe<'a> {
+    /// Next-token target per row (negative = ignored).
+    pub targets: &'a [i64],
+    /// Weight of the CE term.
+    pub weight: f32,
+}
+
+fn stats_of(v: &[f32]) -> LossStats {
+    LossStats {
+        loss_sum: v[0] as f64,
+        acceptance_sum: v[1] as f64,
+        top1_matches: v[2] as usize,
+        counted: v[3] as usize,
+        nonfinite_positions: v[4] as usize,
+    }
+}
+
+/// KD between the student's logits `hidden · Wᵀ` and the teacher, fused with the LM head (see
+/// the module docs), plus CE on the same logits when `ce` is given:
+/// `kd_weight · Σ_{mask} KD / normalizer + ce.weight · Σ_{targets ≥ 0} CE / normalizer`.
+///
+/// - `hidden`: `[rows, hidden]`, rows aligned with the teacher's (after the next-token shift);
+/// - `weight`: the LM head `[vocab, hidden]`, frozen or trained;
+/// - `teacher`: full logits `[rows, vocab]` or top-k `[rows, k]` (as for [`kd_loss`]).
+///
+/// On the CPU backend in f32 the logits never exist beyond one block of rows and the
+/// gradients are computed during the forward pass; elsewhere it is `kd_loss(hidden · Wᵀ)`
+/// (+ `cross_entropy`). Both give the same loss, gradients and statistics.
+#[allow(clippy::too_many_arguments)] // the arguments of kd_loss, plus the two weights and CE
+pub fn linear_kd(
+    hidden: Tensor<2>,
+    weight: Tensor<2>,
+    teacher: Teacher,
+    mask: &[bool],
+    normalizer: f32,
+    config: &KdConfig,
+    kd_weight: f32,
+    ce: Option<LinearCe<'_>>,
+) -> Result<LinearKdOutput> {
+    config.validate()?;
+    check_normalizer(normalizer)?;
+    let [rows, dim] = hidden.dims();
+    let [vocab, wdim] = weight.dims();
+    if wdim != dim {
+        return Err(LossError::Shape(format!(
+            "LM head weight [{vocab}, {wdim}] does not fit hidden states [{rows}, {dim}] \
+             (expected [vocab, {dim}])"
+        )));
+    }
+    if mask.len() != rows {
+        return Err(LossError::Shape(format!(
+            "mask has {} entries for {rows} rows of hidden states",
+            mask.len()
+        )));
+    }
+    if let Some(c) = &ce {
+        check_targets(c.targets, rows, vocab, "hidden states")?;
+    }
+    let teacher_ok = match &teacher {
+        Teacher::Logits(t) => t.dims() == [rows, vocab],
+        Teacher::TopK { indices, values } => {
+            indices.dims() == values.dims() && indices.dims()[0] == rows
+        }
+    };
+    if !teacher_ok {
+        return Err(LossError::Shape(format!(
+            "teacher rows do not match {rows} hidden rows over a vocabulary of {vocab}"
+        )));
+    }
+    if let Teacher::TopK { indices, .. } = &teacher {
+        let max = indices.clone().max().into_scalar::<i64>();
+        let min = indices.clone().min().into_scalar::<i64>();
+        if min < 0 || max >= vocab as i64 {
+            return Err(LossError::Input(format!(
+                "teacher top-k index out of range [{min}, {max}] for a student vocabulary of {vocab}"
+            )));
+        }
+    }
+    let fused =
+        on_flex(&hidden.device()) && hidden.dtype() == DType::F32 && weight.dtype() == DType::F32;
+    if !fused {
+        let logits = hidden.matmul(weight.transpose());
+        let kd = kd_loss(logits.clone(), teacher, mask, normalizer, config)?;
+        let mut loss = kd.loss * kd_weight;
+        let ce_stats = match ce {
+            Some(c) => {
+                let out = cross_entropy(logits, c.targets, normalizer)?;
+                loss = loss + out.loss * c.weight;
+                Some(out.stats)
+            }
+            None => None,
+        };
+        return Ok(LinearKdOutput {
+            loss,
+            kd: kd.stats,
+            ce: ce_stats,
+        });
+    }
+    let job = LinearKdJob {
+        kd: config.kernel_params(),
+        mask: mask.to_vec(),
+        kd_scale: kd_weight * config.extra_scale() / normalizer,
+        targets: ce.map(|c| c.targets.to_vec()).unwrap_or_default(),
+        ce_scale: ce.map_or(0.0, |c| c.weight / normalizer),
+    };
+    let teacher = match teacher {
+        Teacher::Logits(t) => FusedTeacher::Full(t.without_autodiff().into_dispatch()),
+        Teacher::TopK { indices, values } => FusedTeacher::Sparse(
+            indices.into_dispatch(),
+            values.without_autodiff().into_dispatch(),
+        ),
+    };
+    let (loss, stats, _, _) = <burn::backend::Dispatch as LinearKdBackend>::linear_kd(
+        hidden.into_dispatch(),
+        weight.into_dispatch(),
+        teacher,
+        job,
+        false,
+        false,
+    );
+    let loss = Tensor::<1>::from_dispatch(loss);
+    let stats: Vec<f32> = Tensor::<1>::from_dispatch(stats)
+        .into_data()
+        .try_into_vec_as::<f32>()
+        .expect("f32 stats");
+    Ok(LinearKdOutput {
+        loss,
+        kd: stats_of(&stats[..5]),
+        ce: ce.map(|_| stats_of(&stats[5..])),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KdObjective;
+
+    /// Blocks of rows give the numbers of one block (the dW accumulation, the reused gradient
+    /// buffer and masked rows included), with and without CE, full and top-k teachers.
+    #[test]
+    fn blocks_equal_one_block() {
+        let (rows, dim, vocab, k) = (7, 5, 33, 4);
+        let h: Vec<f32> = (0..rows * dim)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) / 7.0)
+            .collect();
+        let w: Vec<f32> = (0..vocab * dim)
+            .map(|i| ((i * 53 % 13) as f32 - 6.0) / 9.0)
+            .collect();
+        let t: Vec<f32> = (0..rows * vocab)
+            .map(|i| ((i * 29 % 17) as f32 - 8.0) / 5.0)
+            .collect();
+        let indices: Vec<u32> = (0..rows * k).map(|i| ((i * 7) % vocab) as u32).collect();
+        let values: Vec<f32> = (0..rows * k).map(|i| -((i % k) as f32)).collect();
+        for objective in [KdObjective::ForwardKl, KdObjective::JsDivergence] {
+            for with_ce in [false, true] {
+                let job = LinearKdJob {
+                    kd: KdConfig {
+                        logits_topk: 0,
+                        ..KdConfig::new(objective)
+                    }
+                    .kernel_params(),
+                    mask: (0..rows).map(|r| r != 3).collect(),
+                    kd_scale: 0.5,
+                    targets: if with_ce {
+                        (0..rows as i64)
+                            .map(|r| if r == 5 { -100 } else { r * 4 })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    ce_scale: 0.25,
+                };
+                for teacher in [
+                    TeacherRows::Full(&t),
+                    TeacherRows::Sparse {
+                        indices: &indices,
+                        values: &values,
+                        k,
+                    },
+                ] {
+                    let dims = (rows, dim, vocab);
+                    let one = host_linear_kd(&h, &w, dims, teacher, &job, true, true, rows);
+                    assert_eq!(one.0.counted, 6);
+                    assert_eq!(one.1.counted, if with_ce { 6 } else { 0 });
+                    for block in [1, 2, 3] {
+                        let b = host_linear_kd(&h, &w, dims, teacher, &job, true, true, block);
+                        assert!((b.0.loss_sum - one.0.loss_sum).abs() < 1e-5);
+                        assert!((b.1.loss_sum - one.1.loss_sum).abs() < 1e-5);
+                        for (x, y) in [(&b.2, &one.2), (&b.3, &one.3)] {
+                            let (x, y) = (x.as_ref().unwrap(), y.as_ref().unwrap());
+                            let d = x.iter().zip(y).fold(0f32, |m, (a, c)| m.max((a - c).abs()));
+                            assert!(d < 1e-6, "block {block}: {d}");
+                        }
+                        // Without gradients the statistics are the same.
+                        let s = host_linear_kd(&h, &w, dims, teacher, &job, false, false, block);
+                        assert!((s.0.loss_sum - one.0.loss_sum).abs() < 1e-5);
+                        assert!((s.1.loss_sum - one.1.loss_sum).abs() < 1e-5);
+                        assert!(s.2.is_none() && s.3.is_none());
+                    }
+                }
+            }
+        }
+    }
+}
