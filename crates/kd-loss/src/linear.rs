@@ -268,6 +268,26 @@ impl LinearCeBackend for Flex {
     }
 }
 
+/// The backward step of the fused LM-head losses: the gradients of the hidden states and of
+/// the head, computed in the forward pass, scaled by the upstream gradient.
+#[derive(Debug)]
+pub(crate) struct StoredGradsBackward;
+
+impl<B: Backend> Backward<B, 2> for StoredGradsBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let upstream = grads.consume::<B>(&ops.node);
+        let upstream = B::float_reshape(upstream, vec![1, 1].into());
+        let (dh, dw) = ops.state;
+        for (parent, grad) in ops.parents.into_iter().zip([dh, dw]) {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, B::float_mul(grad, upstream.clone()));
+            }
+        }
+    }
+}
+
 impl<B: Backend + LinearCeBackend, C: CheckpointStrategy> LinearCeBackend for Autodiff<B, C> {
     fn linear_cross_entropy(
         hidden: FloatTensor<Self>,
@@ -281,30 +301,6 @@ impl<B: Backend + LinearCeBackend, C: CheckpointStrategy> LinearCeBackend for Au
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        /// The backward step: the stored gradients, scaled by the upstream gradient.
-        #[derive(Debug)]
-        struct LinearCeBackward;
-
-        impl<B: Backend> Backward<B, 2> for LinearCeBackward {
-            type State = (FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                _: &mut Checkpointer,
-            ) {
-                let upstream = grads.consume::<B>(&ops.node);
-                let upstream = B::float_reshape(upstream, vec![1, 1].into());
-                let (dh, dw) = ops.state;
-                for (parent, grad) in ops.parents.into_iter().zip([dh, dw]) {
-                    if let Some(node) = parent {
-                        grads.register::<B>(node.id, B::float_mul(grad, upstream.clone()));
-                    }
-                }
-            }
-        }
-
         let (track_h, track_w) = (hidden.is_tracked(), weight.is_tracked());
         let guards = [hidden.node(), weight.node()];
         let (loss, stats, dh, dw) = B::linear_cross_entropy(
@@ -314,7 +310,7 @@ impl<B: Backend + LinearCeBackend, C: CheckpointStrategy> LinearCeBackend for Au
             track_h,
             track_w,
         );
-        let loss = match LinearCeBackward
+        let loss = match StoredGradsBackward
             .prepare::<C>(guards)
             .compute_bound()
             .stateful()

@@ -15,10 +15,8 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_autodiff::ops::{Backward, OpsKind};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
@@ -26,7 +24,7 @@ use crate::config::KdConfig;
 use crate::error::{LossError, Result};
 use crate::fused::{FusedTeacher, f32_view, i64_view};
 use crate::kernels::{self, BatchStats, KdParams, Scratch, TeacherRows};
-use crate::linear::{hidden_grad_block, logits_block, weight_grad_block};
+use crate::linear::{StoredGradsBackward, hidden_grad_block, logits_block, weight_grad_block};
 use crate::loss::{
     LossStats, Teacher, check_normalizer, check_targets, cross_entropy, kd_loss, on_flex,
 };
@@ -285,30 +283,6 @@ impl<B: Backend + LinearKdBackend, C: CheckpointStrategy> LinearKdBackend for Au
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        /// The backward step: the stored gradients, scaled by the upstream gradient.
-        #[derive(Debug)]
-        struct LinearKdBackward;
-
-        impl<B: Backend> Backward<B, 2> for LinearKdBackward {
-            type State = (FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                _: &mut Checkpointer,
-            ) {
-                let upstream = grads.consume::<B>(&ops.node);
-                let upstream = B::float_reshape(upstream, vec![1, 1].into());
-                let (dh, dw) = ops.state;
-                for (parent, grad) in ops.parents.into_iter().zip([dh, dw]) {
-                    if let Some(node) = parent {
-                        grads.register::<B>(node.id, B::float_mul(grad, upstream.clone()));
-                    }
-                }
-            }
-        }
-
         let inner_teacher = match teacher {
             FusedTeacher::None(t) => FusedTeacher::None(t.into_primitive()),
             FusedTeacher::Full(t) => FusedTeacher::Full(t.into_primitive()),
@@ -324,7 +298,7 @@ impl<B: Backend + LinearKdBackend, C: CheckpointStrategy> LinearKdBackend for Au
             track_h,
             track_w,
         );
-        let loss = match LinearKdBackward
+        let loss = match StoredGradsBackward
             .prepare::<C>(guards)
             .compute_bound()
             .stateful()
