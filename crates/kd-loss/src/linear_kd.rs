@@ -21,17 +21,18 @@ use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
 use crate::config::KdConfig;
+use crate::config::SparseStudent;
 use crate::error::{LossError, Result};
 use crate::fused::{FusedTeacher, f32_view, i64_view};
-use crate::kernels::{self, BatchStats, KdParams, Scratch, TeacherRows};
+use crate::kernels::{self, BatchStats, KdParams, Scratch, TeacherRow, TeacherRows, math};
 use crate::linear::{StoredGradsBackward, hidden_grad_block, logits_block, weight_grad_block};
 use crate::loss::{
     LossStats, Teacher, check_normalizer, check_targets, cross_entropy, kd_loss, on_flex,
 };
 
-/// Largest logits block in elements (32 Mi f32 = 128 MiB; the block's gradient takes as
+/// Largest logits block in elements (16 Mi f32 = 64 MiB; the block's gradient takes as
 /// much again).
-const BLOCK_ELEMENTS: usize = 1 << 25;
+const BLOCK_ELEMENTS: usize = 1 << 24;
 
 /// The non-tensor inputs of a fused call.
 #[derive(Debug, Clone)]
@@ -72,9 +73,44 @@ pub trait LinearKdBackend: Backend {
 /// Host results: KD and CE statistics and the requested gradients.
 type HostOut = (BatchStats, BatchStats, Option<Vec<f32>>, Option<Vec<f32>>);
 
-/// The host computation in blocks of `block` rows.
+/// The host computation: the gathered path where it applies, else blocks of `block` rows.
 #[allow(clippy::too_many_arguments)]
 fn host_linear_kd(
+    h: &[f32],
+    w: &[f32],
+    dims: (usize, usize, usize),
+    teacher: TeacherRows<'_>,
+    job: &LinearKdJob,
+    grad_hidden: bool,
+    grad_weight: bool,
+    block: usize,
+) -> HostOut {
+    let (rows, dim, vocab) = dims;
+    let with_ce = !job.targets.is_empty();
+    // ROLL's top-k semantics without CE: both distributions live on the teacher's K entries,
+    // so only the student's logits there are needed (K dot products per row, no GEMM over the
+    // vocabulary).
+    if let TeacherRows::Sparse { indices, values, k } = teacher
+        && !with_ce
+        && job.kd.sparse_student == SparseStudent::Renormalized
+    {
+        return host_gathered_kd(
+            h,
+            w,
+            (rows, dim, vocab),
+            (indices, values, k),
+            job,
+            grad_hidden,
+            grad_weight,
+        );
+    }
+    host_blocked_kd(h, w, dims, teacher, job, grad_hidden, grad_weight, block)
+}
+
+/// The host computation in blocks of `block` rows: logits by GEMM, the row kernels, the
+/// gradients by GEMM.
+#[allow(clippy::too_many_arguments)]
+fn host_blocked_kd(
     h: &[f32],
     w: &[f32],
     (rows, dim, vocab): (usize, usize, usize),
@@ -187,6 +223,90 @@ fn host_linear_kd(
         }
     }
     (kd_stats, ce_stats, dh, dw)
+}
+
+/// Top-k KD with the student renormalised on the teacher's support: per row, the logits at the
+/// K indices are `h · W[idx]ᵀ`, the kernel's gradient w.r.t. them goes back as
+/// `dh = Σⱼ gⱼ · W[idxⱼ]` and `dW[idxⱼ] += gⱼ · h`.
+fn host_gathered_kd(
+    h: &[f32],
+    w: &[f32],
+    (rows, dim, vocab): (usize, usize, usize),
+    (indices, values, k): (&[u32], &[f32], usize),
+    job: &LinearKdJob,
+    grad_hidden: bool,
+    grad_weight: bool,
+) -> HostOut {
+    let want_grad = grad_hidden || grad_weight;
+    // The student row handed to the kernel is the K gathered logits: the teacher's indices
+    // into it are 0..K.
+    let local: Vec<u32> = (0..k as u32).collect();
+    let row_of = |i: u32| {
+        let i = i as usize;
+        assert!(
+            i < vocab,
+            "teacher index {i} outside the vocabulary of {vocab}"
+        );
+        &w[i * dim..(i + 1) * dim]
+    };
+    let per_row: Vec<(BatchStats, Vec<f32>)> = (0..rows)
+        .into_par_iter()
+        .map_init(Scratch::default, |scratch, r| {
+            if !job.mask[r] {
+                return (BatchStats::default(), Vec::new());
+            }
+            let hr = &h[r * dim..(r + 1) * dim];
+            let idx = &indices[r * k..(r + 1) * k];
+            let z: Vec<f32> = idx
+                .iter()
+                .map(|i| math::sum_map2(hr, row_of(*i), |a, b| a * b))
+                .collect();
+            let mut g = if want_grad { vec![0f32; k] } else { Vec::new() };
+            let stats = kernels::kd_row(
+                &job.kd,
+                &z,
+                TeacherRow::Sparse {
+                    indices: &local,
+                    values: &values[r * k..(r + 1) * k],
+                },
+                scratch,
+                want_grad.then_some(g.as_mut_slice()),
+                job.kd_scale,
+            );
+            (BatchStats::default().add(stats), g)
+        })
+        .collect();
+    let kd_stats = per_row
+        .iter()
+        .fold(BatchStats::default(), |a, (s, _)| a.merge(*s));
+    let dh = grad_hidden.then(|| {
+        let mut dh = vec![0f32; rows * dim];
+        dh.par_chunks_mut(dim).enumerate().for_each(|(r, out)| {
+            let g = &per_row[r].1;
+            for (j, gj) in g.iter().enumerate() {
+                if *gj != 0.0 {
+                    for (o, wv) in out.iter_mut().zip(row_of(indices[r * k + j])) {
+                        *o += gj * wv;
+                    }
+                }
+            }
+        });
+        dh
+    });
+    let dw = grad_weight.then(|| {
+        let mut dw = vec![0f32; vocab * dim];
+        for (r, (_, g)) in per_row.iter().enumerate() {
+            let hr = &h[r * dim..(r + 1) * dim];
+            for (j, gj) in g.iter().enumerate() {
+                let i = indices[r * k + j] as usize;
+                for (o, hv) in dw[i * dim..(i + 1) * dim].iter_mut().zip(hr) {
+                    *o += gj * hv;
+                }
+            }
+        }
+        dw
+    });
+    (kd_stats, BatchStats::default(), dh, dw)
 }
 
 fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
@@ -348,7 +468,12 @@ fn stats_of(v: &[f32]) -> LossStats {
 ///
 /// - `hidden`: `[rows, hidden]`, rows aligned with the teacher's (after the next-token shift);
 /// - `weight`: the LM head `[vocab, hidden]`, frozen or trained;
-/// - `teacher`: full logits `[rows, vocab]` or top-k `[rows, k]` (as for [`kd_loss`]).
+/// - `teacher`: full logits `[rows, vocab]` or top-k `[rows, k]` (as for [`kd_loss`]; top-k
+///   indices distinct within a row, as a teacher's are).
+///
+/// In top-k mode with ROLL's renormalised student and no CE, only the student's logits at the
+/// teacher's K indices are computed (K dot products per row instead of a GEMM over the
+/// vocabulary).
 ///
 /// On the CPU backend in f32 the logits never exist beyond one block of rows and the
 /// gradients are computed during the forward pass; elsewhere it is `kd_loss(hidden · Wᵀ)`
@@ -525,6 +650,61 @@ mod tests {
                         assert!(s.2.is_none() && s.3.is_none());
                     }
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod gathered_tests {
+    use super::*;
+    use crate::config::KdObjective;
+
+    /// The gathered top-k path equals the blocked GEMM path: statistics, d hidden and the
+    /// scattered dW (a masked row included).
+    #[test]
+    fn gathered_equals_blocked() {
+        let (rows, dim, vocab, k) = (6, 8, 40, 5);
+        let h: Vec<f32> = (0..rows * dim)
+            .map(|i| ((i * 31 % 13) as f32 - 6.0) / 6.0)
+            .collect();
+        let w: Vec<f32> = (0..vocab * dim)
+            .map(|i| ((i * 17 % 11) as f32 - 5.0) / 8.0)
+            .collect();
+        // Distinct within each row, as a teacher's top-k are.
+        let indices: Vec<u32> = (0..rows * k).map(|i| ((i * 13) % vocab) as u32).collect();
+        let values: Vec<f32> = (0..rows * k)
+            .map(|i| ((i % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        let teacher = TeacherRows::Sparse {
+            indices: &indices,
+            values: &values,
+            k,
+        };
+        for objective in KdObjective::ALL {
+            let job = LinearKdJob {
+                kd: KdConfig {
+                    logits_topk: k,
+                    kd_temperature: 1.5,
+                    ..KdConfig::new(objective)
+                }
+                .kernel_params(),
+                mask: (0..rows).map(|r| r != 2).collect(),
+                kd_scale: 0.3,
+                targets: Vec::new(),
+                ce_scale: 0.0,
+            };
+            let dims = (rows, dim, vocab);
+            let a = host_gathered_kd(&h, &w, dims, (&indices, &values, k), &job, true, true);
+            let b = host_blocked_kd(&h, &w, dims, teacher, &job, true, true, 4);
+            assert_eq!(a.0.counted, b.0.counted);
+            assert!((a.0.loss_sum - b.0.loss_sum).abs() < 1e-5, "{objective:?}");
+            assert!((a.0.acceptance_sum - b.0.acceptance_sum).abs() < 1e-5);
+            assert_eq!(a.0.top1, b.0.top1);
+            for (x, y) in [(&a.2, &b.2), (&a.3, &b.3)] {
+                let (x, y) = (x.as_ref().unwrap(), y.as_ref().unwrap());
+                let d = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+                assert!(d < 1e-5, "{objective:?}: {d}");
             }
         }
     }

@@ -1,10 +1,10 @@
 //! The in-process teacher: a kd-model Llama generating batches with the KV cache (rows finish
 //! independently and leave the batch) and scoring sequences.
 
-use burn::tensor::activation::log_softmax;
 use kd_data::ChatTokenizer;
 pub use kd_model::stream_seed;
 use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, SeededPrompt, TokenBatch};
+use rayon::prelude::*;
 
 use crate::error::{Result, TeacherError};
 use crate::types::{
@@ -237,17 +237,12 @@ impl Teacher for LocalTeacher {
                 })
                 .collect();
             let logits = output.logits.expect("requested");
-            let (values, indices) = log_softmax(logits, 2).topk_with_indices(k, 2);
-            let values: Vec<f32> = values
+            let logits = logits
                 .into_data()
                 .convert::<f32>()
                 .try_into_vec_as::<f32>()
                 .expect("f32");
-            let indices: Vec<i64> = indices
-                .into_data()
-                .convert::<i64>()
-                .try_into_vec_as::<i64>()
-                .expect("i64");
+            let (values, indices) = top_k_log_probs(&logits, vocab, k);
             for (r, seq) in chunk.iter().enumerate() {
                 let len = seq.len();
                 let at = |t: usize| (r * s + t) * k;
@@ -255,7 +250,7 @@ impl Teacher for LocalTeacher {
                     len,
                     k,
                     indices: (0..len)
-                        .flat_map(|t| indices[at(t)..at(t) + k].iter().map(|i| *i as u32))
+                        .flat_map(|t| indices[at(t)..at(t) + k].iter().copied())
                         .collect(),
                     logprobs: (0..len)
                         .flat_map(|t| values[at(t)..at(t) + k].iter().copied())
@@ -341,5 +336,74 @@ impl<T: Teacher + Sync> Teacher for ReplicatedTeacher<T> {
 
     fn fingerprint(&self) -> String {
         self.replicas[0].fingerprint()
+    }
+}
+
+/// Per row of `logits` (`[rows, vocab]`): the `k` largest log-probabilities (temperature 1),
+/// most likely first, and their vocabulary indices. One pass for the top-k (a sorted buffer of
+/// `k`, ties to the lower index) and one for the log-sum-exp per row, rows in parallel: no
+/// `[rows, vocab]` log-softmax is materialised.
+fn top_k_log_probs(logits: &[f32], vocab: usize, k: usize) -> (Vec<f32>, Vec<u32>) {
+    let rows = logits.len() / vocab.max(1);
+    let mut values = vec![0f32; rows * k];
+    let mut indices = vec![0u32; rows * k];
+    logits
+        .par_chunks(vocab)
+        .zip(values.par_chunks_mut(k).zip(indices.par_chunks_mut(k)))
+        .for_each(|(row, (vals, idx))| {
+            let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+            for (i, &v) in row.iter().enumerate() {
+                if top.len() == k
+                    && v.partial_cmp(&top[k - 1].0) != Some(std::cmp::Ordering::Greater)
+                {
+                    continue;
+                }
+                let pos = top.partition_point(|(x, _)| *x >= v);
+                top.insert(pos, (v, i as u32));
+                top.truncate(k);
+            }
+            let max = top.first().map_or(f32::NEG_INFINITY, |t| t.0);
+            let lse = if max.is_finite() {
+                let sum: f64 = row.iter().map(|x| f64::from((x - max).exp())).sum();
+                max + sum.ln() as f32
+            } else {
+                max
+            };
+            for (j, (v, i)) in top.into_iter().enumerate() {
+                vals[j] = v - lse;
+                idx[j] = i;
+            }
+        });
+    (values, indices)
+}
+
+#[cfg(test)]
+mod top_k_tests {
+    use super::top_k_log_probs;
+
+    /// The host top-k equals a sort of the log-softmax, row by row.
+    #[test]
+    fn equals_sorting_the_log_softmax() {
+        let (rows, vocab, k) = (5, 97, 7);
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|i| ((i * 7919 % 1013) as f32 - 500.0) / 37.0)
+            .collect();
+        let (values, indices) = top_k_log_probs(&logits, vocab, k);
+        for r in 0..rows {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = max
+                + row
+                    .iter()
+                    .map(|x| ((x - max) as f64).exp())
+                    .sum::<f64>()
+                    .ln() as f32;
+            let mut order: Vec<usize> = (0..vocab).collect();
+            order.sort_by(|a, b| row[*b].total_cmp(&row[*a]).then(a.cmp(b)));
+            for j in 0..k {
+                assert_eq!(indices[r * k + j] as usize, order[j], "row {r} rank {j}");
+                assert!((values[r * k + j] - (row[order[j]] - lse)).abs() < 1e-5);
+            }
+        }
     }
 }
