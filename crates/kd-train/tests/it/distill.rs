@@ -321,6 +321,30 @@ fn bad_inputs_are_named() {
         "{e}"
     );
 
+    // A teacher of the same vocabulary size whose tokenizer maps two tokens the other way.
+    let other = dir.path().join("teacher");
+    std::fs::create_dir_all(&other).unwrap();
+    let target = fixtures().join("demo/target");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(target.join(f), other.join(f)).unwrap();
+    }
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(target.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = (vocab["¡"].clone(), vocab["¢"].clone());
+    vocab.insert("¡".into(), b);
+    vocab.insert("¢".into(), a);
+    std::fs::write(other.join("tokenizer.json"), tok.to_string()).unwrap();
+    let c = demo(&out, &[format!("teacher_pretrain={}", other.display())]).config;
+    let e = error_of(&c);
+    assert!(
+        e.contains("tokenizer mismatch")
+            && e.contains("2 of the student's")
+            && e.contains("same type"),
+        "{e}"
+    );
+
     // A resume path that is not a checkpoint.
     let c = demo(
         &out,
