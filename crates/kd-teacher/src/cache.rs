@@ -78,13 +78,8 @@ pub fn model_fingerprint(dir: &Path) -> Result<String> {
         .collect();
     files.sort();
     for f in files {
-        let bytes_len = std::fs::metadata(&f)
-            .map_err(|e| TeacherError::io(&f, e))?
-            .len();
-        let data = std::fs::read(&f).map_err(|e| TeacherError::io(&f, e))?;
-        let mib = 1 << 20;
-        let head = &data[..data.len().min(mib)];
-        let tail = &data[data.len().saturating_sub(mib)..];
+        let (bytes_len, head, tail) = head_and_tail(&f, 1 << 20)?;
+        let (head, tail) = (head.as_slice(), tail.as_slice());
         let name = f
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -94,6 +89,25 @@ pub fn model_fingerprint(dir: &Path) -> Result<String> {
     }
     let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
     Ok(sha256_hex(&refs))
+}
+
+/// A file's length, its first `n` bytes and its last `n` bytes (overlapping for files shorter
+/// than `2n`), read without reading the rest.
+fn head_and_tail(path: &Path, n: u64) -> Result<(u64, Vec<u8>, Vec<u8>)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = |e| TeacherError::io(path, e);
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut head = Vec::new();
+    (&mut file)
+        .take(n.min(len))
+        .read_to_end(&mut head)
+        .map_err(io)?;
+    file.seek(SeekFrom::Start(len.saturating_sub(n)))
+        .map_err(io)?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).map_err(io)?;
+    Ok((len, head, tail))
 }
 
 /// A line of a shard file.
@@ -528,4 +542,26 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         TeacherError::io(path, e)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::head_and_tail;
+
+    /// The first and last bytes read by seeking equal the slices of the whole file (which
+    /// the fingerprint hashed before), for files longer and shorter than two windows.
+    #[test]
+    fn head_and_tail_equal_slices_of_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0usize, 10, 1000, 5000] {
+            let p = dir.path().join(format!("f{len}"));
+            let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            std::fs::write(&p, &data).unwrap();
+            let n = 1024;
+            let (l, head, tail) = head_and_tail(&p, n as u64).unwrap();
+            assert_eq!(l as usize, len);
+            assert_eq!(head, &data[..len.min(n)]);
+            assert_eq!(tail, &data[len.saturating_sub(n)..]);
+        }
+    }
 }
