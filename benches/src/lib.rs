@@ -74,3 +74,27 @@ pub fn time_ms(warmup: usize, repeats: usize, mut f: impl FnMut()) -> (f64, f64,
         cpu / wall.max(1e-9),
     )
 }
+
+/// The train-step benches' batch: `b` rows of `s` pseudo-random ids below `vocab` (a fixed LCG
+/// stream), labels = ids, no padding.
+pub fn random_batch(b: usize, s: usize, vocab: usize) -> kd_data::Batch {
+    let mut state = 0x2545_F491u64;
+    let ids: Vec<u32> = (0..b * s)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % vocab as u64) as u32
+        })
+        .collect();
+    kd_data::Batch {
+        batch_size: b,
+        seq_len: s,
+        input_ids: ids.clone(),
+        attention_mask: vec![true; b * s],
+        labels: ids.iter().map(|t| *t as i64).collect(),
+        position_ids: (0..b).flat_map(|_| 0..s as i64).collect(),
+        sequence_ids: vec![1; b * s],
+        examples: (0..b).map(|i| vec![i]).collect(),
+    }
+}

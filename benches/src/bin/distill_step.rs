@@ -16,8 +16,7 @@ use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use clap::Parser;
-use kd_benches::proc_status_bytes;
-use kd_data::Batch;
+use kd_benches::{proc_status_bytes, random_batch};
 use kd_loss::{KdConfig, KdObjective};
 use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
 use kd_teacher::{LocalTeacher, ScoreOptions, Teacher};
@@ -62,26 +61,8 @@ fn main() -> Result<()> {
         projection: None,
     };
     let (b, s) = (args.batch, args.seq);
-    let mut state = 0x2545_F491u64;
-    let ids: Vec<u32> = (0..b * s)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 33) % config.vocab_size as u64) as u32
-        })
-        .collect();
-    let sequences: Vec<Vec<u32>> = ids.chunks(s).map(<[u32]>::to_vec).collect();
-    let batch = Batch {
-        batch_size: b,
-        seq_len: s,
-        input_ids: ids.clone(),
-        attention_mask: vec![true; b * s],
-        labels: ids.iter().map(|t| *t as i64).collect(),
-        position_ids: (0..b).flat_map(|_| 0..s as i64).collect(),
-        sequence_ids: vec![1; b * s],
-        examples: (0..b).map(|i| vec![i]).collect(),
-    };
+    let batch = random_batch(b, s, config.vocab_size);
+    let sequences: Vec<Vec<u32>> = batch.input_ids.chunks(s).map(<[u32]>::to_vec).collect();
     let n = batch.label_tokens() as f32;
     let kd = KdConfig {
         logits_topk: 64,

@@ -114,8 +114,39 @@ fn gradient_buffer(len: usize) -> Vec<f32> {
     v
 }
 
-fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+pub(crate) fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// A computed gradient as a tensor of `shape`, or the `[1]` placeholder when none was asked.
+pub(crate) fn grad_or_placeholder(g: Option<Vec<f32>>, shape: Vec<usize>) -> FlexTensor {
+    match g {
+        Some(g) => flex(g, shape),
+        None => flex(vec![0.0], vec![1]),
+    }
+}
+
+/// Batch statistics as the kernels hand them to the caller:
+/// `[loss_sum, acceptance_sum, top1, counted, nonfinite]`.
+pub(crate) fn stats_values(s: &BatchStats) -> [f32; 5] {
+    [
+        s.loss_sum as f32,
+        s.acceptance_sum as f32,
+        s.top1 as f32,
+        s.counted as f32,
+        s.nonfinite as f32,
+    ]
+}
+
+/// The inverse of [`stats_values`].
+pub(crate) fn stats_from_values(v: &[f32]) -> BatchStats {
+    BatchStats {
+        loss_sum: v[0] as f64,
+        acceptance_sum: v[1] as f64,
+        top1: v[2] as usize,
+        counted: v[3] as usize,
+        nonfinite: v[4] as usize,
+    }
 }
 
 impl FusedLossBackend for Flex {
@@ -173,21 +204,12 @@ impl FusedLossBackend for Flex {
             }
         };
         let loss = (stats.loss_sum * job.scale as f64) as f32;
-        let stats_t = flex(
-            vec![
-                stats.loss_sum as f32,
-                stats.acceptance_sum as f32,
-                stats.top1 as f32,
-                stats.counted as f32,
-                stats.nonfinite as f32,
-            ],
-            vec![5],
-        );
-        let grad_t = match grad {
-            Some(g) => flex(g, shape),
-            None => flex(vec![0.0], vec![1]),
-        };
-        (flex(vec![loss], vec![1]), stats_t, grad_t)
+        let stats_t = flex(stats_values(&stats).to_vec(), vec![5]);
+        (
+            flex(vec![loss], vec![1]),
+            stats_t,
+            grad_or_placeholder(grad, shape),
+        )
     }
 }
 
@@ -282,13 +304,7 @@ pub(crate) fn read_stats(stats: FloatTensor<burn::backend::Dispatch>) -> BatchSt
         .into_data()
         .try_into_vec_as::<f32>()
         .expect("f32 stats");
-    BatchStats {
-        loss_sum: stats[0] as f64,
-        acceptance_sum: stats[1] as f64,
-        top1: stats[2] as usize,
-        counted: stats[3] as usize,
-        nonfinite: stats[4] as usize,
-    }
+    stats_from_values(&stats)
 }
 
 /// The teacher as the public API passes it to the fused path.

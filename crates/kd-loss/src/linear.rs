@@ -10,7 +10,7 @@
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, Flex, backend_extension};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -20,7 +20,7 @@ use burn_flex::FlexTensor;
 use gemm::{Parallelism, gemm};
 
 use crate::error::{LossError, Result};
-use crate::fused::{f32_view, read_stats};
+use crate::fused::{f32_view, flex, grad_or_placeholder, read_stats, stats_values};
 use crate::kernels::{self, BatchStats};
 use crate::loss::{LossOutput, LossStats, check_normalizer, check_targets, cross_entropy, on_flex};
 
@@ -55,10 +55,6 @@ pub trait LinearCeBackend: Backend {
         FloatTensor<Self>,
         FloatTensor<Self>,
     );
-}
-
-fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
 }
 
 /// Rows of logits per block for a vocabulary of `vocab`.
@@ -245,25 +241,11 @@ impl LinearCeBackend for Flex {
             block_rows(vocab),
         );
         let loss = (stats.loss_sum * job.scale as f64) as f32;
-        let stats_t = flex(
-            vec![
-                stats.loss_sum as f32,
-                0.0,
-                0.0,
-                stats.counted as f32,
-                stats.nonfinite as f32,
-            ],
-            vec![5],
-        );
-        let grad = |g: Option<Vec<f32>>, shape: Vec<usize>| match g {
-            Some(g) => flex(g, shape),
-            None => flex(vec![0.0], vec![1]),
-        };
         (
             flex(vec![loss], vec![1]),
-            stats_t,
-            grad(dh, hshape),
-            grad(dw, wshape),
+            flex(stats_values(&stats).to_vec(), vec![5]),
+            grad_or_placeholder(dh, hshape),
+            grad_or_placeholder(dw, wshape),
         )
     }
 }

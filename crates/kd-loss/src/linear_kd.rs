@@ -13,7 +13,7 @@
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{AutodiffBackend, Backend, Flex, backend_extension};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::ops::{Backward, OpsKind};
@@ -23,7 +23,9 @@ use rayon::prelude::*;
 use crate::config::KdConfig;
 use crate::config::SparseStudent;
 use crate::error::{LossError, Result};
-use crate::fused::{FusedTeacher, f32_view, i64_view};
+use crate::fused::{
+    FusedTeacher, f32_view, flex, grad_or_placeholder, i64_view, stats_from_values, stats_values,
+};
 use crate::kernels::{self, BatchStats, KdParams, Scratch, TeacherRow, TeacherRows, math};
 use crate::linear::{StoredGradsBackward, hidden_grad_block, logits_block, weight_grad_block};
 use crate::loss::{
@@ -140,55 +142,33 @@ fn host_blocked_kd(
         let one = |scratch: &mut Scratch,
                    i: usize,
                    zr: &mut [f32],
-                   gr: Option<&mut [f32]>|
+                   mut gr: Option<&mut [f32]>|
          -> (BatchStats, BatchStats) {
             let r = r0 + i;
             let mut kd = BatchStats::default();
             let mut ce = BatchStats::default();
-            match gr {
-                Some(gr) => {
-                    if job.mask[r] {
-                        kd = kd.add(kernels::kd_row(
-                            &job.kd,
-                            zr,
-                            teacher.row(r, vocab),
-                            scratch,
-                            Some(gr),
-                            job.kd_scale,
-                        ));
-                    } else {
-                        gr.fill(0.0);
-                    }
-                    if with_ce && job.targets[r] >= 0 {
-                        // The CE gradient over the logits, added to the KD gradient.
-                        let loss =
-                            kernels::ce_row_in_place(zr, job.targets[r] as usize, job.ce_scale);
-                        ce = kernels::ce_stats(loss);
+            if job.mask[r] {
+                let row = teacher.row(r, vocab);
+                let stats =
+                    kernels::kd_row(&job.kd, zr, row, scratch, gr.as_deref_mut(), job.kd_scale);
+                kd = kd.add(stats);
+            } else if let Some(gr) = gr.as_deref_mut() {
+                gr.fill(0.0);
+            }
+            if with_ce && job.targets[r] >= 0 {
+                let target = job.targets[r] as usize;
+                let loss = match gr {
+                    // The CE gradient over the logits, added to the KD gradient.
+                    Some(gr) => {
+                        let loss = kernels::ce_row_in_place(zr, target, job.ce_scale);
                         for (a, b) in gr.iter_mut().zip(zr.iter()) {
                             *a += *b;
                         }
+                        loss
                     }
-                }
-                None => {
-                    if job.mask[r] {
-                        kd = kd.add(kernels::kd_row(
-                            &job.kd,
-                            zr,
-                            teacher.row(r, vocab),
-                            scratch,
-                            None,
-                            job.kd_scale,
-                        ));
-                    }
-                    if with_ce && job.targets[r] >= 0 {
-                        ce = kernels::ce_stats(kernels::ce_row(
-                            zr,
-                            job.targets[r] as usize,
-                            None,
-                            job.ce_scale,
-                        ));
-                    }
-                }
+                    None => kernels::ce_row(zr, target, None, job.ce_scale),
+                };
+                ce = kernels::ce_stats(loss);
             }
             (kd, ce)
         };
@@ -309,20 +289,6 @@ fn host_gathered_kd(
     (kd_stats, BatchStats::default(), dh, dw)
 }
 
-fn flex(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
-}
-
-fn stats_vec(s: &BatchStats) -> [f32; 5] {
-    [
-        s.loss_sum as f32,
-        s.acceptance_sum as f32,
-        s.top1 as f32,
-        s.counted as f32,
-        s.nonfinite as f32,
-    ]
-}
-
 impl LinearKdBackend for Flex {
     fn linear_kd(
         hidden: FlexTensor,
@@ -374,17 +340,13 @@ impl LinearKdBackend for Flex {
             FusedTeacher::None(_) => unreachable!("linear_kd always has a teacher"),
         };
         let loss = (kd.loss_sum * job.kd_scale as f64 + ce.loss_sum * job.ce_scale as f64) as f32;
-        let mut stats = stats_vec(&kd).to_vec();
-        stats.extend(stats_vec(&ce));
-        let grad = |g: Option<Vec<f32>>, shape: Vec<usize>| match g {
-            Some(g) => flex(g, shape),
-            None => flex(vec![0.0], vec![1]),
-        };
+        let mut stats = stats_values(&kd).to_vec();
+        stats.extend(stats_values(&ce));
         (
             flex(vec![loss], vec![1]),
             flex(stats, vec![10]),
-            grad(dh, hshape),
-            grad(dw, wshape),
+            grad_or_placeholder(dh, hshape),
+            grad_or_placeholder(dw, wshape),
         )
     }
 }
@@ -453,13 +415,7 @@ pub struct LinearCe<'a> {
 }
 
 fn stats_of(v: &[f32]) -> LossStats {
-    LossStats {
-        loss_sum: v[0] as f64,
-        acceptance_sum: v[1] as f64,
-        top1_matches: v[2] as usize,
-        counted: v[3] as usize,
-        nonfinite_positions: v[4] as usize,
-    }
+    LossStats::from_batch(stats_from_values(v))
 }
 
 /// KD between the student's logits `hidden · Wᵀ` and the teacher, fused with the LM head (see

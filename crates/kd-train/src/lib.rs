@@ -30,6 +30,7 @@ mod optim;
 mod schedule;
 pub mod speculator;
 mod trainer;
+mod vocab;
 
 pub use checkpoint::{
     OPTIMIZER_FILE, PROJECTION_FILE, STATE_FILE, TRAINER_STATE_FILE, TRAINING_STATE_DIR,

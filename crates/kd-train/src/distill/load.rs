@@ -83,8 +83,9 @@ pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<LoadedConfig> {
     {
         warnings.push("`hydra` (Hydra's run settings) has no meaning here and is ignored".into());
     }
+    let schema = Section::top();
     for o in overrides {
-        apply_override(&mut root, o).map_err(|m| err(format!("override `{o}`: {m}")))?;
+        apply_override(&mut root, o, &schema).map_err(|m| err(format!("override `{o}`: {m}")))?;
     }
     // Interpolations see the file's keys over the defaults (as OmegaConf over a structured
     // config).
@@ -107,7 +108,7 @@ pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<LoadedConfig> {
             top,
         );
     }
-    check_keys(&mut kept, &Section::top(), "", &mut warnings).map_err(err)?;
+    check_keys(&mut kept, &schema, "", &mut warnings).map_err(err)?;
     resolve(&mut kept, &resolver, "", 0).map_err(err)?;
     let text = serde_yaml::to_string(&kept).expect("a YAML value serialises");
     let de = serde_yaml::Deserializer::from_str(&text);
@@ -180,7 +181,11 @@ fn set(root: &mut Value, path: &[&str], value: Value) {
 }
 
 /// One Hydra override.
-fn apply_override(root: &mut Value, text: &str) -> std::result::Result<(), String> {
+fn apply_override(
+    root: &mut Value,
+    text: &str,
+    schema: &Section,
+) -> std::result::Result<(), String> {
     if let Some(key) = text.strip_prefix('~') {
         let key = key.split('=').next().unwrap_or(key);
         let path: Vec<&str> = key.split('.').collect();
@@ -221,7 +226,7 @@ fn apply_override(root: &mut Value, text: &str) -> std::result::Result<(), Strin
     }
     // Without `+`, Hydra refuses a key the configuration does not have; a key this
     // toolkit or ROLL knows (with a default) is there in effect.
-    if mode == 0 && !exists && !Section::top().knows(&path) {
+    if mode == 0 && !exists && !schema.knows(&path) {
         return Err(format!(
             "`{key}` is not in the configuration; to add it write `+{key}={raw}`"
         ));

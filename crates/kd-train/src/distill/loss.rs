@@ -130,6 +130,7 @@ pub fn evaluate_batches(
 ) -> Result<EvalSums> {
     let mut sums = EvalSums::default();
     for batch in batches {
+        // Only the statistics are read: the weight of the (unused) total does not matter.
         let (_, ce, kd_stats) = terms(llama, batch, scores, kd, 0.5, 1.0, None)?;
         sums.ce_sum += ce.loss_sum;
         sums.kd.merge(&kd_stats);

@@ -30,6 +30,7 @@ use crate::config::{SchedulerType, TrainConfig, TrainMode};
 use crate::error::{Result, TrainError};
 use crate::metrics::{LogRecord, TensorBoard, TrainObserver};
 use crate::trainer::{RunInfo, StepHook, TrainModel, TrainSummary, train_with_hook};
+use crate::vocab::{VocabDifference, vocab_difference};
 
 /// The stages of a run, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -128,13 +129,13 @@ const QWEN2_5_TEMPLATE: &str = "{%- if messages[0]['role'] == 'system' %}{{- '<|
 pub fn chat_tokenizer(student: &Path, template: Option<&str>) -> Result<ChatTokenizer> {
     let tok = ChatTokenizer::from_dir(student)?;
     let name = template.unwrap_or("native").trim();
-    let special = || -> Result<_> {
-        let path = student.join("tokenizer_config.json");
-        let v: serde_json::Value = match std::fs::read_to_string(&path) {
-            Ok(t) => serde_json::from_str(&t).unwrap_or_default(),
-            Err(_) => serde_json::Value::Null,
-        };
-        Ok(special_tokens(&v))
+    // The special tokens a template may name (`bos_token`, …), from the student's files.
+    let special = || {
+        let v: serde_json::Value = std::fs::read_to_string(student.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        special_tokens(&v)
     };
     match name {
         "native" => {
@@ -148,11 +149,11 @@ pub fn chat_tokenizer(student: &Path, template: Option<&str>) -> Result<ChatToke
             }
             Ok(tok)
         }
-        "qwen2_5" => Ok(tok.with_template(ChatTemplate::new(QWEN2_5_TEMPLATE, special()?)?)),
+        "qwen2_5" => Ok(tok.with_template(ChatTemplate::new(QWEN2_5_TEMPLATE, special())?)),
         path if Path::new(path).is_file() => {
             let source = std::fs::read_to_string(path)
                 .map_err(|e| TrainError::io(PathBuf::from(path), e))?;
-            Ok(tok.with_template(ChatTemplate::new(&source, special()?)?))
+            Ok(tok.with_template(ChatTemplate::new(&source, special())?))
         }
         other => Err(TrainError::Config(format!(
             "`data_args.template`: unknown template `{other}`; available: {} or a path to a \
@@ -251,35 +252,32 @@ fn check_same_family(
 ) -> Result<()> {
     let same_type = "ROLL's distill pipeline (and this one) needs a student and a teacher of the \
                      same type, sharing one tokenizer";
-    if student.vocab_size != teacher.vocab_size {
-        return Err(TrainError::Config(format!(
-            "vocabulary mismatch: the student has {} tokens, the teacher {}; {same_type}",
-            student.vocab_size, teacher.vocab_size
-        )));
+    let teacher_tok = if teacher_dir.join("tokenizer.json").is_file() {
+        Some(ChatTokenizer::from_dir(teacher_dir)?)
+    } else {
+        None
+    };
+    match vocab_difference(
+        (student, Some(student_tok)),
+        (teacher, teacher_tok.as_ref()),
+    ) {
+        None => Ok(()),
+        Some(VocabDifference::Size { first, second }) => Err(TrainError::Config(format!(
+            "vocabulary mismatch: the student has {first} tokens, the teacher {second}; {same_type}"
+        ))),
+        Some(VocabDifference::Map {
+            first, differing, ..
+        }) => Err(TrainError::Config(format!(
+            "tokenizer mismatch: {differing} of the student's {first} tokens map to other ids in \
+             the teacher's tokenizer ({}); {same_type}",
+            teacher_dir.display()
+        ))),
     }
-    if teacher_dir.join("tokenizer.json").is_file() {
-        let t = ChatTokenizer::from_dir(teacher_dir)?;
-        let (a, b) = (
-            student_tok.inner().get_vocab(true),
-            t.inner().get_vocab(true),
-        );
-        if a != b {
-            let differing = a.iter().filter(|(k, v)| b.get(*k) != Some(v)).count();
-            return Err(TrainError::Config(format!(
-                "tokenizer mismatch: {differing} of the student's {} tokens map to other ids in \
-                 the teacher's tokenizer ({}); {same_type}",
-                a.len(),
-                teacher_dir.display()
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The trainer's settings of a run.
-pub fn train_config(config: &DistillConfig, steps_per_epoch_hint: Option<usize>) -> TrainConfig {
+pub fn train_config(config: &DistillConfig) -> TrainConfig {
     let t = &config.student.training_args;
-    let _ = steps_per_epoch_hint;
     let max_steps = if config.max_steps > 0 {
         Some(config.max_steps as usize)
     } else if t.max_steps > 0 {
@@ -690,7 +688,7 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
         (None, Some(l)) => (student.clone().apply_lora_seeded(&l, config.seed)?, Some(l)),
         (None, None) => (student.clone(), None),
     };
-    let mut tconfig = train_config(config, None);
+    let mut tconfig = train_config(config);
     if config.student.model_args.adapter_name_or_path.is_some() {
         tconfig.mode = TrainMode::Lora;
     }

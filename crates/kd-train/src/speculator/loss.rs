@@ -105,11 +105,6 @@ impl StepLossFn for SpeculatorLoss<'_> {
         let needs_teacher = hidden_wanted || self.kd_weight > 0.0;
         if needs_teacher && shifted.count > 0 {
             let teacher = self.teacher()?;
-            if batch.is_packed() {
-                return Err(TrainError::Config(
-                    "packed batches cannot carry per-example teacher targets".into(),
-                ));
-            }
             let counted = counted_positions(batch, &shifted.mask, s, Some(teacher.offsets))?;
             let n = counted.rows.len();
             let index =

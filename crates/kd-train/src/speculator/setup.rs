@@ -12,6 +12,7 @@ use crate::checkpoint::step_checkpoints;
 use crate::error::{Result, TrainError};
 use crate::speculator::config::SpeculatorConfig;
 use crate::speculator::data::{PromptSet, load_prompts};
+use crate::vocab::{VocabDifference, vocab_difference};
 
 /// The file a run writes its configuration to, in `output_dir`.
 pub const RUN_CONFIG_FILE: &str = "speculator_config.json";
@@ -73,27 +74,22 @@ pub fn check_vocabularies(
         return Ok(());
     };
     let (dc, dt) = draft;
-    if tc.vocab_size != dc.vocab_size {
-        return Err(TrainError::Config(format!(
-            "vocabulary mismatch: the target's model has {} tokens, the draft's {}; a draft must \
-             share the target's tokenizer",
-            tc.vocab_size, dc.vocab_size
-        )));
+    match vocab_difference((tc, tt), (dc, Some(dt))) {
+        None => Ok(()),
+        Some(VocabDifference::Size { first, second }) => Err(TrainError::Config(format!(
+            "vocabulary mismatch: the target's model has {first} tokens, the draft's {second}; a \
+             draft must share the target's tokenizer"
+        ))),
+        Some(VocabDifference::Map {
+            first,
+            second,
+            differing,
+        }) => Err(TrainError::Config(format!(
+            "vocabulary mismatch: the target's tokenizer has {first} tokens, the draft's {second} \
+             ({differing} of the target's map differently); a draft must share the target's \
+             tokenizer"
+        ))),
     }
-    if let Some(tt) = tt {
-        let (a, b) = (tt.inner().get_vocab(true), dt.inner().get_vocab(true));
-        if a != b {
-            let differing = a.iter().filter(|(k, v)| b.get(*k) != Some(v)).count();
-            return Err(TrainError::Config(format!(
-                "vocabulary mismatch: the target's tokenizer has {} tokens, the draft's {} \
-                 ({differing} of the target's map differently); a draft must share the target's \
-                 tokenizer",
-                a.len(),
-                b.len()
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Refuses an output directory that holds another run's checkpoints unless resuming.
