@@ -29,6 +29,7 @@
 
 mod batch;
 mod error;
+mod gguf;
 pub mod source;
 mod template;
 mod tokenize;

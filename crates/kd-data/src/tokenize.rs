@@ -11,13 +11,28 @@ use crate::error::{DataError, Result};
 use crate::source::{Message, QaRecord};
 use crate::template::{ChatTemplate, load_template};
 
+/// Writes through a temporary file and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            DataError::io(path, e)
+        })
+}
+
 /// The label of positions that do not count.
 pub const IGNORE_INDEX: i64 = -100;
 
-/// A Hugging Face tokenizer (`tokenizer.json`) with its chat template.
+/// A Hugging Face tokenizer (`tokenizer.json`, or one built from a GGUF file's metadata)
+/// with its chat template.
 pub struct ChatTokenizer {
     tokenizer: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,
+    /// For a tokenizer built from GGUF metadata: the `tokenizer_config.json` that
+    /// [`save`](ChatTokenizer::save) writes beside `tokenizer.json`.
+    gguf_config: Option<serde_json::Value>,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -30,16 +45,24 @@ impl std::fmt::Debug for ChatTokenizer {
 }
 
 impl ChatTokenizer {
-    /// Loads `tokenizer.json` and the chat template of a model or tokenizer directory.
+    /// Loads the tokenizer and chat template of a model: `tokenizer.json` (+
+    /// `tokenizer_config.json` / `chat_template.jinja`) of a Hugging Face directory, or the
+    /// metadata of a `.gguf` file — the path itself, or the only `.gguf` file of a directory
+    /// without `tokenizer.json`.
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
+        if let Some(gguf) = kd_gguf::locate(dir, "tokenizer.json")
+            .map_err(|e| DataError::Tokenizer(e.to_string()))?
+        {
+            return Self::from_gguf(gguf);
+        }
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             return Err(DataError::NoInput {
                 path,
-                message:
-                    "no tokenizer.json: the model directory needs Hugging Face tokenizer files"
-                        .into(),
+                message: "no tokenizer.json: the model directory needs Hugging Face tokenizer \
+                          files (or a .gguf file)"
+                    .into(),
             });
         }
         let tokenizer = tokenizers::Tokenizer::from_file(&path)
@@ -47,7 +70,52 @@ impl ChatTokenizer {
         Ok(Self {
             tokenizer,
             template: load_template(dir)?,
+            gguf_config: None,
         })
+    }
+
+    /// Builds the tokenizer a GGUF file's metadata describes, as transformers'
+    /// `AutoTokenizer.from_pretrained(dir, gguf_file=…)` builds it (byte-level BPE
+    /// vocabularies), with the chat template of `tokenizer.chat_template`.
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
+        let built = crate::gguf::from_gguf(path.as_ref())?;
+        let mut config = serde_json::Map::new();
+        for (k, v) in &built.special_tokens {
+            config.insert(k.clone(), v.clone().into());
+        }
+        config.insert("add_bos_token".into(), built.add_bos_token.into());
+        if let Some(t) = &built.template {
+            config.insert("chat_template".into(), t.source().into());
+        }
+        config.insert("clean_up_tokenization_spaces".into(), false.into());
+        config.insert("tokenizer_class".into(), "PreTrainedTokenizerFast".into());
+        Ok(Self {
+            tokenizer: built.tokenizer,
+            template: built.template,
+            gguf_config: Some(serde_json::Value::Object(config)),
+        })
+    }
+
+    /// Writes a tokenizer built from GGUF metadata as Hugging Face files in `dir`:
+    /// `tokenizer.json` and `tokenizer_config.json` (special tokens, chat template), each
+    /// atomically. A tokenizer loaded from `tokenizer.json` has its files already: copy those.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        let Some(config) = &self.gguf_config else {
+            return Err(DataError::Tokenizer(
+                "this tokenizer was loaded from Hugging Face files: copy tokenizer.json and \
+                 tokenizer_config.json instead of saving it"
+                    .into(),
+            ));
+        };
+        std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, e))?;
+        let json = self
+            .tokenizer
+            .to_string(true)
+            .map_err(|e| DataError::Tokenizer(e.to_string()))?;
+        write_atomic(&dir.join("tokenizer.json"), json.as_bytes())?;
+        let text = serde_json::to_string_pretty(config).expect("JSON values serialise");
+        write_atomic(&dir.join("tokenizer_config.json"), text.as_bytes())
     }
 
     /// Replaces the chat template (e.g. Meta's official one for a base tokenizer).

@@ -119,6 +119,20 @@ impl LlamaConfig {
         Self::parse(&text, path)
     }
 
+    /// The configuration of a llama-architecture GGUF file (a file, or a directory holding
+    /// one `.gguf` file), as transformers' GGUF loader derives it from the metadata.
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = crate::gguf::gguf_path(path)?.ok_or_else(|| {
+            ModelError::config(
+                path,
+                "<path>",
+                "is not a .gguf file or a directory holding one",
+            )
+        })?;
+        crate::gguf::config_from_gguf(&kd_gguf::GgufFile::open(file)?)
+    }
+
     /// Parses and validates the text of a `config.json`.
     pub fn from_json_str(text: &str) -> Result<Self> {
         Self::parse(text, Path::new(MEMORY))

@@ -49,7 +49,11 @@ pub enum ModelError {
     /// The checkpoint's tensors do not match the configuration.
     ///
     /// Every problem is listed, not only the first one.
-    #[error("{dir}: the checkpoint does not match config.json:\n{}", problems.join("\n"))]
+    #[error(
+        "{dir}: the checkpoint does not match its configuration (config.json or GGUF \
+         metadata):\n{}",
+        problems.join("\n")
+    )]
     Weights {
         /// The model directory.
         dir: PathBuf,
@@ -86,6 +90,10 @@ pub enum ModelError {
         /// Why it cannot be used.
         message: String,
     },
+
+    /// A GGUF file could not be read (the error names the key or tensor).
+    #[error(transparent)]
+    Gguf(#[from] kd_gguf::GgufError),
 
     /// A LoRA configuration or adapter problem.
     #[error("LoRA: {0}")]

@@ -36,6 +36,7 @@ mod config;
 mod device;
 mod error;
 mod generate;
+mod gguf;
 mod lora;
 mod model;
 pub mod ops;
@@ -54,6 +55,7 @@ pub use config::{LlamaConfig, RopeScaling, StoredDType};
 pub use device::{cuda_compiled, parse_device, parse_device_list};
 pub use error::{ModelError, Result};
 pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
+pub use gguf::unpermute_rows;
 pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};
 pub use lora::{ParameterReport, TOKENIZER_FILES, copy_tokenizer_files};
 pub use model::{Attention, DecoderLayer, Llama, LmHead, Mlp, ModelOutput};
@@ -68,17 +70,23 @@ pub use weights::{
 pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
 
 impl Llama {
-    /// Loads `config.json` and the safetensors weights of a Hugging Face model directory,
-    /// computing in f32.
-    pub fn load(dir: impl AsRef<Path>, device: &Device) -> Result<Self> {
-        Self::load_with(dir, ComputeDType::F32, device)
+    /// Loads a model computing in f32: a Hugging Face directory (`config.json` and
+    /// safetensors weights), a llama-architecture `.gguf` file, or a directory holding one
+    /// `.gguf` file and no `config.json`.
+    pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        Self::load_with(path, ComputeDType::F32, device)
     }
 
-    /// Loads a Hugging Face model directory, computing in the given dtype.
-    pub fn load_with(dir: impl AsRef<Path>, dtype: ComputeDType, device: &Device) -> Result<Self> {
-        let dir = dir.as_ref();
-        let config = LlamaConfig::from_file(dir.join("config.json"))?;
-        weights::load(dir, config, dtype, device)
+    /// Like [`load`](Self::load), computing in the given dtype. GGUF weights are dequantised
+    /// to f32 (then rounded to bf16 when asked).
+    pub fn load_with(path: impl AsRef<Path>, dtype: ComputeDType, device: &Device) -> Result<Self> {
+        let path = path.as_ref();
+        if let Some(file) = gguf::gguf_path(path)? {
+            let (source, config) = gguf::GgufSource::open(&file)?;
+            return weights::load(&source, config, dtype, device);
+        }
+        let config = LlamaConfig::from_file(path.join("config.json"))?;
+        weights::load(&weights::Checkpoint::open(path)?, config, dtype, device)
     }
 
     /// Writes `config.json` and the weights to `dir` in Hugging Face layout (shards of at most

@@ -71,15 +71,26 @@ pub fn expected_tensors(c: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+/// Where a model's tensors come from: safetensors files or a GGUF file, under Hugging Face
+/// names.
+pub(crate) trait TensorSource {
+    /// The directory or file, for error messages.
+    fn origin(&self) -> &Path;
+    /// Stored shapes of every tensor (`[out, in]` for projections).
+    fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>>;
+    /// Reads one tensor as `dtype` (F32 or BF16), transposing a 2-D one when asked.
+    fn read(&self, name: &str, dtype: DType, transpose: bool) -> Result<TensorData>;
+}
+
 /// The safetensors files of a model directory, memory-mapped, with a name → file index.
-struct Checkpoint {
+pub(crate) struct Checkpoint {
     dir: PathBuf,
     files: Vec<(PathBuf, Mmap)>,
     index: HashMap<String, usize>,
 }
 
 impl Checkpoint {
-    fn open(dir: &Path) -> Result<Self> {
+    pub(crate) fn open(dir: &Path) -> Result<Self> {
         let single = dir.join(SINGLE_FILE);
         let index_path = dir.join(INDEX_FILE);
         let names: Vec<PathBuf> = if index_path.is_file() {
@@ -142,7 +153,19 @@ impl Checkpoint {
         })
     }
 
-    /// Stored shapes of every tensor.
+    fn parse<'a>(&self, path: &Path, map: &'a Mmap) -> Result<SafeTensors<'a>> {
+        SafeTensors::deserialize(map).map_err(|e| ModelError::Safetensors {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+}
+
+impl TensorSource for Checkpoint {
+    fn origin(&self) -> &Path {
+        &self.dir
+    }
+
     fn shapes(&self) -> Result<BTreeMap<String, Vec<usize>>> {
         let mut out = BTreeMap::new();
         for (path, map) in &self.files {
@@ -154,14 +177,6 @@ impl Checkpoint {
         Ok(out)
     }
 
-    fn parse<'a>(&self, path: &Path, map: &'a Mmap) -> Result<SafeTensors<'a>> {
-        SafeTensors::deserialize(map).map_err(|e| ModelError::Safetensors {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })
-    }
-
-    /// Reads one tensor as `dtype` (F32 or BF16), transposing a 2-D one when asked.
     fn read(&self, name: &str, dtype: DType, transpose: bool) -> Result<TensorData> {
         let n = self.index[name];
         let (path, map) = &self.files[n];
@@ -186,7 +201,7 @@ impl Checkpoint {
                 Dtype::F32 => decode(bytes, |b: &[u8; 4]| bf16::from_f32(f32::from_le_bytes(*b))),
                 _ => return Err(unsupported()),
             };
-            Ok(data(values, shape, transpose))
+            Ok(transpose_data(values, shape, transpose))
         } else {
             let values: Vec<f32> = match view.dtype() {
                 Dtype::F32 => decode(bytes, |b: &[u8; 4]| f32::from_le_bytes(*b)),
@@ -194,7 +209,7 @@ impl Checkpoint {
                 Dtype::F16 => decode(bytes, |b: &[u8; 2]| f16::from_le_bytes(*b).to_f32()),
                 _ => return Err(unsupported()),
             };
-            Ok(data(values, shape, transpose))
+            Ok(transpose_data(values, shape, transpose))
         }
     }
 }
@@ -206,7 +221,8 @@ fn decode<T, const N: usize>(bytes: &[u8], f: impl Fn(&[u8; N]) -> T) -> Vec<T> 
         .collect()
 }
 
-fn data<T: burn::tensor::Element + Copy>(
+/// Row-major `values` of `shape` as tensor data, transposed when asked and 2-D.
+pub(crate) fn transpose_data<T: burn::tensor::Element + Copy>(
     values: Vec<T>,
     shape: Vec<usize>,
     transpose: bool,
@@ -242,10 +258,9 @@ impl ComputeDType {
     }
 }
 
-/// Loads a model from a Hugging Face directory's safetensors, checking every tensor against
-/// the configuration first.
+/// Loads a model from a tensor source, checking every tensor against the configuration first.
 pub(crate) fn load(
-    dir: &Path,
+    ck: &dyn TensorSource,
     config: LlamaConfig,
     dtype: ComputeDType,
     device: &Device,
@@ -256,7 +271,7 @@ pub(crate) fn load(
             message: "bf16 arithmetic is not supported on this device; load in f32".into(),
         });
     }
-    let ck = Checkpoint::open(dir)?;
+    let dir = ck.origin();
     let stored = ck.shapes()?;
     let expected = expected_tensors(&config);
     let mut problems = Vec::new();
@@ -346,7 +361,6 @@ pub(crate) fn load(
             weight: Param::from_tensor(tensor("lm_head.weight", false)?),
         })
     };
-    let _ = &ck.dir;
     Ok(Llama::from_parts(
         config,
         embed_tokens,

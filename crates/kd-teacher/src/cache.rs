@@ -63,20 +63,32 @@ pub fn template_hash(source: Option<&str>) -> String {
     sha256_hex(&[source.unwrap_or("none").as_bytes()])
 }
 
-/// A fingerprint of a Hugging Face model directory without reading all its weights:
-/// `config.json`, and for every safetensors file its name, size and the hashes of its first
-/// and last MiB.
-pub fn model_fingerprint(dir: &Path) -> Result<String> {
+/// A fingerprint of a model without reading all its weights: `config.json` (when there is
+/// one), and for every safetensors or GGUF file its name, size and the hashes of its first and
+/// last MiB. `path` is a model directory or a `.gguf` file.
+pub fn model_fingerprint(path: &Path) -> Result<String> {
     let mut parts: Vec<Vec<u8>> = Vec::new();
-    let cfg = dir.join("config.json");
-    parts.push(std::fs::read(&cfg).map_err(|e| TeacherError::io(&cfg, e))?);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| TeacherError::io(dir, e))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
+    let mut files: Vec<PathBuf> = if path.is_file() {
+        vec![path.to_path_buf()]
+    } else {
+        std::fs::read_dir(path)
+            .map_err(|e| TeacherError::io(path, e))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|e| e == "safetensors" || e == "gguf")
+            })
+            .collect()
+    };
     files.sort();
+    let cfg = path.join("config.json");
+    let gguf = files
+        .iter()
+        .any(|f| f.extension().is_some_and(|e| e == "gguf"));
+    if !gguf || cfg.is_file() {
+        parts.push(std::fs::read(&cfg).map_err(|e| TeacherError::io(&cfg, e))?);
+    }
     for f in files {
         let (bytes_len, head, tail) = head_and_tail(&f, 1 << 20)?;
         let (head, tail) = (head.as_slice(), tail.as_slice());

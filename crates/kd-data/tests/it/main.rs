@@ -2,6 +2,7 @@
 //! (fixtures/make_chat_template_golden.py), sources and their error policy, examples.
 
 mod examples;
+mod gguf;
 mod sources;
 mod templates;
 

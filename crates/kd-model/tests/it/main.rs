@@ -5,6 +5,7 @@ mod util;
 
 mod autodiff;
 mod generation;
+mod gguf;
 mod lora;
 mod ops;
 mod parity;

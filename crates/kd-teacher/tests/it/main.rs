@@ -5,6 +5,7 @@
 mod cache;
 mod generation;
 mod remote;
+mod smollm2;
 
 use std::path::PathBuf;
 

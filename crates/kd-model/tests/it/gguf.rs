@@ -1,0 +1,232 @@
+//! GGUF loading against transformers' own GGUF loader (fixtures/make_gguf_golden.py):
+//! a committed tiny file with every supported tensor type, and the real SmolLM2-135M-Instruct
+//! file that fixtures/fetch-smollm2.sh fetches.
+
+use std::path::PathBuf;
+
+use kd_model::{Llama, LlamaConfig, ModelError, RopeScaling, TokenBatch};
+
+use crate::util::{cpu, fixtures, golden, to_vec};
+
+fn tiny_gguf() -> PathBuf {
+    fixtures().join("tiny-gguf/tiny.gguf")
+}
+
+/// The real model; its absence fails the test with the command that fetches it.
+pub fn smollm2() -> PathBuf {
+    let p = fixtures().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "{} is missing: run fixtures/fetch-smollm2.sh (the real-model tests need it)",
+        p.display()
+    );
+    p
+}
+
+fn json(name: &str) -> serde_json::Value {
+    let p = fixtures().join("golden/gguf").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn tiny_gguf_logits_match_transformers() {
+    let model = Llama::load(tiny_gguf(), &cpu()).unwrap();
+    let g = json("tiny.json");
+    let c = model.config();
+    let want = &g["config"];
+    assert_eq!(c.vocab_size as u64, want["vocab_size"].as_u64().unwrap());
+    assert_eq!(c.num_hidden_layers, 3);
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (4, 2, 24)
+    );
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.rms_norm_eps, want["rms_norm_eps"].as_f64().unwrap());
+    assert_eq!(c.rope_theta, 10_000.0);
+    assert_eq!(c.rope_scaling, RopeScaling::Default);
+    assert_eq!(
+        (c.bos_token_ids.as_slice(), c.eos_token_ids.as_slice()),
+        (&[0][..], &[4][..])
+    );
+
+    let logits = golden("gguf/tiny");
+    let sequences = g["sequences"].as_array().unwrap();
+    assert_eq!(sequences.len(), 3);
+    for (i, s) in sequences.iter().enumerate() {
+        let ids = ids(&s["ids"]);
+        let got = to_vec(model.logits(&TokenBatch::single(&ids)).unwrap());
+        let want = &logits[&format!("logits.{i}")];
+        assert_eq!(want.shape, [ids.len(), 1024]);
+        let d = max_abs_diff(&got, &want.f32);
+        eprintln!("tiny.gguf sequence {i}: max |Δ| {d:e}");
+        assert!(
+            d <= 1e-4,
+            "sequence {i} (length {}): max |Δ| {d}",
+            ids.len()
+        );
+    }
+}
+
+#[test]
+fn tiny_gguf_queries_and_keys_are_unpermuted_as_transformers_does() {
+    let model = Llama::load(tiny_gguf(), &cpu()).unwrap();
+    let g = json("tiny.json");
+    let attn = &model.layers[0].self_attn;
+    for (key, proj) in [("q_proj_rows", &attn.q_proj), ("k_proj_rows", &attn.k_proj)] {
+        // Burn holds [in, out]; transformers [out, in].
+        let w = proj.base.weight.val().transpose();
+        let [out, inp] = w.dims();
+        let rows = g[key]["values"].as_array().unwrap();
+        assert_eq!(g[key]["shape"], serde_json::json!([out, inp]));
+        let got: Vec<f32> = w.into_data().try_into_vec_as::<f32>().unwrap();
+        for (r, row) in rows.iter().enumerate() {
+            assert_eq!(
+                &got[r * inp..(r + 1) * inp],
+                floats(row).as_slice(),
+                "{key} row {r}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gguf_loads_from_a_directory_and_refuses_ambiguity() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(tiny_gguf(), dir.path().join("model.gguf")).unwrap();
+    let from_dir = Llama::load(dir.path(), &cpu()).unwrap();
+    assert_eq!(from_dir.config().hidden_size, 96);
+    assert_eq!(
+        LlamaConfig::from_gguf(dir.path()).unwrap(),
+        *from_dir.config()
+    );
+    std::fs::copy(tiny_gguf(), dir.path().join("other.gguf")).unwrap();
+    let e = Llama::load(dir.path(), &cpu()).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "holds 2 .gguf files (model.gguf, other.gguf) and no config.json; pass the file"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_gguf_files_are_errors_naming_what_is_wrong() {
+    let bytes = std::fs::read(tiny_gguf()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+
+    std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+    let e = Llama::load(&path, &cpu()).unwrap_err().to_string();
+    assert!(e.contains("truncated: tensor `output_norm.weight`"), "{e}");
+
+    // Another architecture, same length: the error names the key and the value.
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4 + 8;
+    let mut other = bytes.clone();
+    assert_eq!(&other[at..at + 5], b"llama");
+    other[at..at + 5].copy_from_slice(b"qwen2");
+    std::fs::write(&path, &other).unwrap();
+    let e = Llama::load(&path, &cpu()).unwrap_err();
+    assert!(matches!(e, ModelError::Config { .. }), "{e:?}");
+    let e = e.to_string();
+    assert!(
+        e.contains("`general.architecture`: unsupported architecture `qwen2`"),
+        "{e}"
+    );
+
+    // An unknown quantisation type id on one tensor names that tensor.
+    let name = b"blk.1.attn_v.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let ty_at = at + 4 + 2 * 8; // n_dims, two dims
+    let mut q = bytes.clone();
+    q[ty_at..ty_at + 4].copy_from_slice(&10u32.to_le_bytes()); // Q2_K
+    std::fs::write(&path, &q).unwrap();
+    let e = Llama::load(&path, &cpu()).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor `blk.1.attn_v.weight` is stored as Q2_K"),
+        "{e}"
+    );
+
+    std::fs::write(&path, b"not a model").unwrap();
+    let e = Llama::load(&path, &cpu()).unwrap_err().to_string();
+    assert!(e.contains("not a GGUF file"), "{e}");
+}
+
+#[test]
+fn smollm2_logits_match_transformers() {
+    let model = Llama::load(smollm2(), &cpu()).unwrap();
+    let c = model.config();
+    assert_eq!(
+        (
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads
+        ),
+        (30, 576, 9, 3)
+    );
+    assert_eq!(
+        (c.vocab_size, c.intermediate_size, c.rope_theta),
+        (49_152, 1536, 100_000.0)
+    );
+    assert!(c.tie_word_embeddings);
+    let g = json("smollm2-logits.json");
+    let cols = golden("gguf/smollm2-logits");
+    let prompts = g["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 4);
+    let mut worst = 0f32;
+    for (i, p) in prompts.iter().enumerate() {
+        let ids = ids(&p["ids"]);
+        let logits = to_vec(model.logits(&TokenBatch::single(&ids)).unwrap());
+        let v = c.vocab_size;
+        let first = &cols[&format!("logits.{i}")];
+        assert_eq!(first.shape, [ids.len(), 1024]);
+        let argmax = self::ids(&p["argmax"]);
+        for (t, row) in logits.chunks_exact(v).enumerate() {
+            let d = max_abs_diff(&row[..1024], &first.f32[t * 1024..(t + 1) * 1024]);
+            worst = worst.max(d);
+            let top_ids = self::ids(&p["top16_ids"][t]);
+            let top_values = floats(&p["top16_values"][t]);
+            for (&id, &want) in top_ids.iter().zip(&top_values) {
+                worst = worst.max((row[id as usize] - want).abs());
+            }
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = m + row.iter().map(|x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32;
+            let want_lse = p["logsumexp"][t].as_f64().unwrap() as f32;
+            worst = worst.max((lse - want_lse).abs());
+            let best = row
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0;
+            assert_eq!(best as u32, argmax[t], "prompt {i} position {t}: argmax");
+        }
+    }
+    eprintln!("SmolLM2 vs transformers: max |Δ| over the stored logits {worst:e}");
+    assert!(worst <= 1e-4, "max |Δ| over the stored logits {worst}");
+}
