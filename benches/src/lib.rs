@@ -98,3 +98,27 @@ pub fn random_batch(b: usize, s: usize, vocab: usize) -> kd_data::Batch {
         examples: (0..b).map(|i| vec![i]).collect(),
     }
 }
+
+/// The generation benches' prompts: `n` rows of `len` ids in `lo..vocab` from a fixed LCG
+/// stream (seed 7).
+pub fn random_prompts(n: usize, len: usize, lo: u64, vocab: u64) -> Vec<Vec<u32>> {
+    let mut state = 7u64;
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (lo + (state >> 33) % (vocab - lo)) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The median of timings.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

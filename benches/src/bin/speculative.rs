@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::Parser;
+use kd_benches::median;
 use kd_eval::{SpecConfig, SpecStats, expected_length, speculative_generate};
 use kd_model::{
     GenerateOptions, Llama, LlamaConfig, Sampling, SaveDType, SeededPrompt, parse_device,
@@ -48,11 +49,6 @@ struct Args {
     python: Option<PathBuf>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     kd_train::retain_freed_memory();
@@ -66,19 +62,8 @@ fn main() -> Result<()> {
     let draft = Llama::load(&tdir, &device)?.keep_layers(&args.draft_layers)?;
     draft.save(&ddir, SaveDType::F32)?;
 
-    let mut state = 7u64;
-    let rows: Vec<Vec<u32>> = (0..args.prompts)
-        .map(|_| {
-            (0..args.prompt_len)
-                .map(|_| {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((state >> 33) % config.vocab_size as u64) as u32
-                })
-                .collect()
-        })
-        .collect();
+    let rows =
+        kd_benches::random_prompts(args.prompts, args.prompt_len, 0, config.vocab_size as u64);
     let prompts: Vec<SeededPrompt<'_>> = rows
         .iter()
         .enumerate()

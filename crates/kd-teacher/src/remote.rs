@@ -1,5 +1,10 @@
-//! A teacher on another machine: SGLang's native `/generate` or an OpenAI-compatible
-//! `/v1/completions` server (vLLM, SGLang, llama.cpp server, or [`crate::spawn_server`]).
+//! A teacher on another machine: SGLang's native `/generate`, an OpenAI-compatible
+//! `/v1/completions` server (vLLM, SGLang, llama.cpp's `llama-server`, or
+//! [`crate::spawn_server`]), or llama.cpp's native `/completion`.
+//!
+//! llama.cpp's server generates but cannot score: it returns log-probabilities of generated
+//! tokens only, never of prompt tokens, so `score` through it is an error that says so (use
+//! a local teacher, SGLang or vLLM for scoring).
 //!
 //! One request per prompt, at most `max_concurrency` in flight; each request has a timeout
 //! and is retried on connection errors, timeouts, HTTP 429 and 5xx with exponential backoff
@@ -31,8 +36,14 @@ use crate::wire::{
 pub enum RemoteApi {
     /// SGLang's native `POST /generate`.
     Sglang,
-    /// `POST /v1/completions` with token-id prompts (vLLM, SGLang, llama.cpp server).
+    /// `POST /v1/completions` with token-id prompts (vLLM, SGLang; llama.cpp's server for
+    /// generation only). The generated ids are read from `token_ids` (vLLM's
+    /// `return_token_ids`), `logprobs.tokens` as ids (`return_tokens_as_token_ids`) or
+    /// `logprobs.content[].id` (llama.cpp); a reply with none of them is an error.
     Openai,
+    /// llama.cpp's native `POST /completion` with `return_tokens` (generation only: the
+    /// server has no prompt log-probabilities to score with).
+    Llamacpp,
 }
 
 /// Where the remote teacher is and how to talk to it.
@@ -291,6 +302,7 @@ impl Inner {
         match self.config.api {
             RemoteApi::Sglang => format!("{}/generate", self.config.url),
             RemoteApi::Openai => format!("{}/v1/completions", self.config.url),
+            RemoteApi::Llamacpp => format!("{}/completion", self.config.url),
         }
     }
 
@@ -415,12 +427,29 @@ impl Inner {
                 return_token_ids: true,
                 ..OaiRequest::new(self.config.model.clone(), ids)
             }),
+            RemoteApi::Llamacpp => Ok(serde_json::json!({
+                "prompt": ids,
+                "n_predict": params.max_new_tokens,
+                // llama.cpp samples greedily at temperature ≤ 0; top_k 0 disables top-k.
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "min_p": 0.0,
+                "seed": seed as u32,
+                "return_tokens": true,
+                "n_probs": usize::from(params.return_logprobs),
+                "cache_prompt": true,
+                "stream": false,
+            })),
         }
         .expect("serialisable");
         let bytes = self.post(&body, &what).await?;
         let g = match self.config.api {
             RemoteApi::Sglang => parse_sgl_generation(&bytes, params.return_logprobs),
             RemoteApi::Openai => parse_oai_generation(&bytes, params.return_logprobs),
+            RemoteApi::Llamacpp => {
+                parse_llamacpp_generation(&bytes, params.return_logprobs, &params.stop_token_ids)
+            }
         }
         .map_err(|m| self.protocol(&what, m))?;
         if g.ids.len() > params.max_new_tokens {
@@ -445,6 +474,9 @@ impl Inner {
         hidden: bool,
     ) -> Result<Scores> {
         let what = format!("sequence {index}");
+        if self.config.api == RemoteApi::Llamacpp {
+            return Err(self.protocol(&what, LLAMACPP_CANNOT_SCORE));
+        }
         let len = ids.len();
         // One generated token, so that the last position's distribution comes back too.
         let body = match self.config.api {
@@ -469,12 +501,14 @@ impl Inner {
                 echo: true,
                 ..OaiRequest::new(self.config.model.clone(), ids)
             }),
+            RemoteApi::Llamacpp => unreachable!("refused above"),
         }
         .expect("serialisable");
         let bytes = self.post(&body, &what).await?;
         let s = match self.config.api {
             RemoteApi::Sglang => parse_sgl_scores(&bytes, len, k, hidden),
             RemoteApi::Openai => parse_oai_scores(&bytes, len, k),
+            RemoteApi::Llamacpp => unreachable!("refused above"),
         }
         .map_err(|m| self.protocol(&what, m))?;
         self.check_vocab(s.indices.iter().copied(), &what)?;
@@ -721,32 +755,58 @@ pub(crate) fn parse_oai_generation(
 ) -> std::result::Result<Generation, String> {
     let c = oai_choice(bytes)?;
     let finish_reason = finish(c.finish_reason.as_deref().ok_or("no `finish_reason`")?)?;
-    let from_lps = match &c.logprobs {
-        Some(l) => Some(oai_ids(&l.tokens)?),
-        None => None,
+    // The generated ids and their log-probs, from whichever field carries them: the legacy
+    // parallel lists (`tokens` as ids), or the chat shape llama.cpp returns (`content[]`).
+    let (from_lps, lps): (Option<Vec<u32>>, Option<Vec<Option<f32>>>) = match &c.logprobs {
+        Some(l) if !l.tokens.is_empty() => {
+            (Some(oai_ids(&l.tokens)?), Some(l.token_logprobs.clone()))
+        }
+        Some(l) => match &l.content {
+            Some(content) => {
+                let ids = content
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        e.id.ok_or_else(|| format!("`logprobs.content[{i}]` has no `id`"))
+                    })
+                    .collect::<std::result::Result<Vec<u32>, String>>()?;
+                (Some(ids), Some(content.iter().map(|e| e.logprob).collect()))
+            }
+            None => (None, None),
+        },
+        None => (None, None),
     };
     let ids = match (c.token_ids, &from_lps) {
         (Some(ids), _) => ids,
         (None, Some(ids)) => ids.clone(),
-        (None, None) => return Err("neither `token_ids` nor `logprobs.tokens` returned".into()),
+        (None, None) => {
+            return Err(format!(
+                "the reply carries no generated token ids (none of `token_ids`, \
+                 `logprobs.tokens`, `logprobs.content[].id`){}: training on it would train on \
+                 nothing; use a server that returns ids (vLLM, SGLang, llama.cpp with log-probs, \
+                 or the `llamacpp` API)",
+                match c.text.as_deref() {
+                    Some(t) if !t.is_empty() => format!(
+                        " although it generated {:?}",
+                        t.chars().take(40).collect::<String>()
+                    ),
+                    _ => String::new(),
+                }
+            ));
+        }
     };
     if let Some(l) = &from_lps
         && *l != ids
     {
-        return Err("`token_ids` and `logprobs.tokens` disagree".into());
+        return Err("`token_ids` and the log-probs' tokens disagree".into());
     }
     let logprobs = if want_logprobs {
-        let l = c.logprobs.ok_or("log-probs asked for, but none returned")?;
-        if l.token_logprobs.len() != ids.len() {
-            return Err(format!(
-                "{} log-probs for {} tokens",
-                l.token_logprobs.len(),
-                ids.len()
-            ));
+        let l = lps.ok_or("log-probs asked for, but none returned")?;
+        if l.len() != ids.len() {
+            return Err(format!("{} log-probs for {} tokens", l.len(), ids.len()));
         }
         Some(
-            l.token_logprobs
-                .iter()
+            l.iter()
                 .map(|v| v.ok_or("null log-prob of a generated token"))
                 .collect::<std::result::Result<_, _>>()?,
         )
@@ -762,6 +822,80 @@ pub(crate) fn parse_oai_generation(
     })
 }
 
+/// Why llama.cpp's server cannot score.
+const LLAMACPP_CANNOT_SCORE: &str = "llama.cpp's server returns log-probabilities of \
+    generated tokens only, never of prompt tokens, so it cannot score teacher-forced sequences \
+    (top-k KD, the distill pipeline); use it for generation, and a local teacher, SGLang or vLLM \
+    for scoring";
+
+/// A generation from llama.cpp's native `/completion` reply (with `return_tokens`): `tokens`
+/// are the generated ids, `stop_type` why it ended (`eos`, `limit`, `word`), and
+/// `completion_probabilities[].logprob` the log-probs. Generation is cut after the first of
+/// `stop_ids` (kept), which llama.cpp cannot be told; an end at llama.cpp's own end-of-
+/// generation token is a stop.
+pub(crate) fn parse_llamacpp_generation(
+    bytes: &[u8],
+    want_logprobs: bool,
+    stop_ids: &[u32],
+) -> std::result::Result<Generation, String> {
+    let r: crate::wire::LlamacppResponse = from_json(bytes)?;
+    let ignored = "the generated ids: this llama.cpp server ignores `return_tokens`; update \
+                   llama.cpp";
+    let mut ids = r
+        .tokens
+        .ok_or(format!("the reply has no `tokens` ({ignored})"))?;
+    if let Some(n) = r.tokens_predicted
+        && n > 0
+        && ids.is_empty()
+    {
+        return Err(format!(
+            "`tokens` is empty although {n} tokens were predicted ({ignored})"
+        ));
+    }
+    let mut finish_reason = match r.stop_type.as_deref() {
+        Some("eos") | Some("word") => FinishReason::Stop,
+        Some("limit") => FinishReason::Length,
+        Some(other) => return Err(format!("unknown `stop_type` {other:?}")),
+        None if r.stopped_eos == Some(true) || r.stopped_word == Some(true) => FinishReason::Stop,
+        None if r.stopped_limit == Some(true) => FinishReason::Length,
+        None => return Err("no `stop_type` (nor `stopped_eos`/`stopped_limit`)".into()),
+    };
+    let mut lps = match (&r.completion_probabilities, want_logprobs) {
+        (Some(p), true) => Some(
+            p.iter()
+                .map(|e| {
+                    e.logprob
+                        .or(e.prob.map(|p| p.ln()))
+                        .ok_or("an entry of `completion_probabilities` has no `logprob`")
+                })
+                .collect::<std::result::Result<Vec<f32>, _>>()?,
+        ),
+        (None, true) => return Err("log-probs asked for (`n_probs`), but none returned".into()),
+        (_, false) => None,
+    };
+    if let Some(l) = &lps
+        && l.len() != ids.len()
+    {
+        return Err(format!("{} log-probs for {} tokens", l.len(), ids.len()));
+    }
+    if let Some(cut) = ids.iter().position(|t| stop_ids.contains(t)) {
+        if cut + 1 < ids.len() {
+            finish_reason = FinishReason::Stop;
+        }
+        ids.truncate(cut + 1);
+        if let Some(l) = &mut lps {
+            l.truncate(cut + 1);
+        }
+    }
+    Ok(Generation {
+        ids,
+        text: r.content,
+        finish_reason,
+        logprobs: lps,
+        hidden_states: Vec::new(),
+    })
+}
+
 /// Scores from an OpenAI-compatible response to `echo` with one new token and `logprobs` k:
 /// entry t (t ≥ 1) of `top_logprobs` is position t − 1's distribution.
 pub(crate) fn parse_oai_scores(
@@ -771,7 +905,14 @@ pub(crate) fn parse_oai_scores(
 ) -> std::result::Result<Scores, String> {
     let c = oai_choice(bytes)?;
     let l = c.logprobs.ok_or("no `logprobs` in the echo response")?;
-    let top = l.top_logprobs.ok_or("no `logprobs.top_logprobs`")?;
+    let top = l.top_logprobs.ok_or_else(|| {
+        if l.content.is_some() {
+            // The chat shape without prompt positions: llama.cpp.
+            LLAMACPP_CANNOT_SCORE.to_string()
+        } else {
+            "no `logprobs.top_logprobs`".to_string()
+        }
+    })?;
     if top.len() < len + 1 {
         return Err(format!(
             "{} positions of top log-probs for a sequence of {len} tokens plus one generated \
@@ -907,6 +1048,55 @@ mod tests {
 
     /// vLLM's completions response with `echo`, `logprobs` and `return_tokens_as_token_ids`:
     /// the prompt token is added to each top-k map when it is not among them.
+    fn recorded(name: &str) -> Vec<u8> {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/llamacpp/");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{p}{name}")).unwrap()).unwrap();
+        serde_json::to_vec(&v["response"]).unwrap()
+    }
+
+    /// Replies recorded from llama.cpp's `llama-server` (llama-cpp-python 0.3.36's llama.cpp)
+    /// serving SmolLM2-135M-Instruct Q4_1 (fixtures/llamacpp-notes.md).
+    #[test]
+    fn parses_llamacpp_replies() {
+        let want = [
+            60, 23, 39614, 1141, 552, 28, 2618, 2828, 313, 7712, 769, 28, 2618, 2849, 1558, 26261,
+        ];
+        // /v1/completions with logprobs: the chat shape, ids in `content[].id`.
+        let g = parse_oai_generation(&recorded("v1_completions_logprobs.json"), true).unwrap();
+        assert_eq!(g.ids, want);
+        assert_eq!(g.finish_reason, FinishReason::Length);
+        let lps = g.logprobs.unwrap();
+        assert_eq!(lps.len(), 16);
+        assert!((lps[0] - -1.918_612_1).abs() < 1e-6);
+        // Without logprobs the reply has no ids at all: an error, not an empty completion.
+        let e = parse_oai_generation(&recorded("v1_completions_plain.json"), false).unwrap_err();
+        assert!(e.contains("no generated token ids"), "{e}");
+        assert!(e.contains("although it generated \"L'"), "{e}");
+        // Echo with logprobs gives no prompt positions: scoring says why it cannot work.
+        let e =
+            parse_oai_scores(&recorded("v1_completions_echo_logprobs.json"), 37, 5).unwrap_err();
+        assert!(e.contains("never of prompt tokens"), "{e}");
+        // The native API with return_tokens and n_probs.
+        let g = parse_llamacpp_generation(&recorded("completion_nprobs.json"), true, &[2]).unwrap();
+        assert_eq!(g.ids, want);
+        assert_eq!(g.finish_reason, FinishReason::Length);
+        assert_eq!(g.logprobs.unwrap().len(), 16);
+        // Without return_tokens `tokens` is an empty list: an error naming the cause.
+        let e =
+            parse_llamacpp_generation(&recorded("completion_plain.json"), false, &[]).unwrap_err();
+        assert!(
+            e.contains("`tokens` is empty although 16 tokens were predicted"),
+            "{e}"
+        );
+        // Our stop ids cut the completion (llama.cpp cannot be given them).
+        let g =
+            parse_llamacpp_generation(&recorded("completion_nprobs.json"), true, &[28]).unwrap();
+        assert_eq!(g.ids, want[..6]);
+        assert_eq!(g.finish_reason, FinishReason::Stop);
+        assert_eq!(g.logprobs.unwrap().len(), 6);
+    }
+
     #[test]
     fn parses_vllm_echo_scores_and_generation() {
         let body = br#"{"id": "cmpl-1", "object": "text_completion", "created": 1700000000,

@@ -479,6 +479,7 @@ async fn oai_completions(
                 tokens,
                 token_logprobs: token_lps,
                 top_logprobs: r.scores.is_some().then_some(tops),
+                content: None,
             }
         });
         choices.push(OaiChoice {

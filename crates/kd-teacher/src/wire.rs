@@ -254,6 +254,54 @@ pub(crate) struct OaiLogprobs {
     pub top_logprobs: Option<Vec<Option<serde_json::Map<String, serde_json::Value>>>>,
     #[serde(default)]
     pub text_offset: Vec<usize>,
+    /// The chat-completions shape some servers (llama.cpp) return on `/v1/completions`:
+    /// one entry per generated token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<OaiContentLogprob>>,
+}
+
+/// One generated token in the chat-completions log-probs shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct OaiContentLogprob {
+    /// The token id (llama.cpp adds it; OpenAI does not).
+    #[serde(default)]
+    pub id: Option<u32>,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub logprob: Option<f32>,
+}
+
+/// llama.cpp's native `/completion` reply (the fields used).
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct LlamacppResponse {
+    #[serde(default)]
+    pub content: Option<String>,
+    /// The generated ids (`return_tokens: true`).
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    pub stop_type: Option<String>,
+    #[serde(default)]
+    pub stopped_eos: Option<bool>,
+    #[serde(default)]
+    pub stopped_word: Option<bool>,
+    #[serde(default)]
+    pub stopped_limit: Option<bool>,
+    #[serde(default)]
+    pub tokens_predicted: Option<usize>,
+    #[serde(default)]
+    pub completion_probabilities: Option<Vec<LlamacppProb>>,
+}
+
+/// One entry of `completion_probabilities`.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct LlamacppProb {
+    #[serde(default)]
+    pub logprob: Option<f32>,
+    /// Older servers (and `post_sampling_probs`) give a probability instead.
+    #[serde(default)]
+    pub prob: Option<f32>,
 }
 
 /// Token counts.

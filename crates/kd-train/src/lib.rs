@@ -26,6 +26,7 @@ mod error;
 mod kd_term;
 mod memory;
 mod metrics;
+mod model_files;
 mod optim;
 mod schedule;
 pub mod speculator;
@@ -41,6 +42,7 @@ pub use config::{SchedulerType, TrainConfig, TrainMode};
 pub use error::{Result, TrainError};
 pub use memory::retain_freed_memory;
 pub use metrics::{LogRecord, NoopObserver, TensorBoard, TextLog, TrainObserver, crc32c};
+pub use model_files::{has_tokenizer, is_local_model, model_config, write_tokenizer_files};
 pub use optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
 pub use schedule::learning_rate;
 pub use trainer::{

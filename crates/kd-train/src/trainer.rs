@@ -249,7 +249,7 @@ fn save_model_files(model: &TrainModel, dir: &Path, mode: TrainMode, info: &RunI
         )?;
     }
     if let Some(tok) = &info.tokenizer_dir {
-        kd_model::copy_tokenizer_files(tok, dir)?;
+        crate::model_files::write_tokenizer_files(tok, dir)?;
     }
     Ok(())
 }

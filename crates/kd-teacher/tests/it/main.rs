@@ -4,6 +4,7 @@
 
 mod cache;
 mod generation;
+mod llamacpp;
 mod remote;
 mod smollm2;
 

@@ -252,7 +252,7 @@ fn check_same_family(
 ) -> Result<()> {
     let same_type = "ROLL's distill pipeline (and this one) needs a student and a teacher of the \
                      same type, sharing one tokenizer";
-    let teacher_tok = if teacher_dir.join("tokenizer.json").is_file() {
+    let teacher_tok = if crate::model_files::has_tokenizer(teacher_dir) {
         Some(ChatTokenizer::from_dir(teacher_dir)?)
     } else {
         None
@@ -609,9 +609,9 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
     let teacher: Box<dyn Teacher> = match (&config.logits_transfer_backend, config.teacher_path()) {
         (TransferBackend::Ray, local) => {
             if let Some(dir) = &local
-                && dir.join("config.json").is_file()
+                && crate::model_files::is_local_model(dir)
             {
-                let tc = LlamaConfig::from_file(dir.join("config.json"))?;
+                let tc = crate::model_files::model_config("teacher", dir)?;
                 check_same_family(student.config(), &tc, &tokenizer, dir)?;
             }
             Box::new(RemoteTeacher::new(RemoteConfig {

@@ -50,18 +50,11 @@ fn devices(flag: &str, list: &str) -> Result<Vec<Device>> {
 
 /// Whether `dir` is a local model directory.
 pub fn is_model_dir(dir: &Path) -> bool {
-    dir.join("config.json").is_file()
+    crate::model_files::is_local_model(dir)
 }
 
 fn model_config(flag: &str, dir: &Path) -> Result<LlamaConfig> {
-    if !is_model_dir(dir) {
-        return Err(TrainError::Config(format!(
-            "--{flag} {}: not a model directory (no config.json there); pass a local Hugging \
-             Face model directory",
-            dir.display()
-        )));
-    }
-    Ok(LlamaConfig::from_file(dir.join("config.json"))?)
+    crate::model_files::model_config(flag, dir)
 }
 
 /// Checks that draft and target share one vocabulary: same model vocabulary size and, when
@@ -207,11 +200,12 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
             None
         }
     };
-    let target_tokenizer = if target_local && config.target_model.join("tokenizer.json").is_file() {
-        Some(ChatTokenizer::from_dir(&config.target_model)?)
-    } else {
-        None
-    };
+    let target_tokenizer =
+        if target_local && crate::model_files::has_tokenizer(&config.target_model) {
+            Some(ChatTokenizer::from_dir(&config.target_model)?)
+        } else {
+            None
+        };
     check_vocabularies(
         target_config
             .as_ref()

@@ -59,21 +59,10 @@ pub fn eval(
     mut progress: impl FnMut(EvalPhase, usize, usize),
 ) -> Result<AcceptanceReport> {
     let device = parse_device(&config.device)?;
-    for (flag, dir) in [
-        ("target_model", &config.target_model),
-        ("draft_model", &config.draft_model),
-    ] {
-        if !is_model_dir(dir) {
-            return Err(TrainError::Config(format!(
-                "--{flag} {}: not a model directory (no config.json)",
-                dir.display()
-            )));
-        }
-    }
+    let tc = crate::model_files::model_config("target_model", &config.target_model)?;
+    let dc = crate::model_files::model_config("draft_model", &config.draft_model)?;
     let target_tok = ChatTokenizer::from_dir(&config.target_model)?;
     let draft_tok = ChatTokenizer::from_dir(&config.draft_model)?;
-    let tc = LlamaConfig::from_file(config.target_model.join("config.json"))?;
-    let dc = LlamaConfig::from_file(config.draft_model.join("config.json"))?;
     check_vocabularies(Some((&tc, Some(&target_tok))), (&dc, &draft_tok))?;
     let source = OpenAiBatchSource::from_data_dir(&config.data_dir)?;
     let records = Sampling {
@@ -127,7 +116,8 @@ pub fn merge(adapter: &Path, base: Option<&Path>, out: &Path, dtype: SaveDType) 
     };
     if !is_model_dir(&base) {
         return Err(TrainError::Config(format!(
-            "base model {}: not a model directory (no config.json); pass it with --base_model",
+            "base model {}: not a model (no config.json, and not a .gguf file); pass it with \
+             --base_model",
             base.display()
         )));
     }
@@ -139,7 +129,8 @@ pub fn merge(adapter: &Path, base: Option<&Path>, out: &Path, dtype: SaveDType) 
     } else {
         base.as_path()
     };
-    model.export_merged(out, dtype, Some(tokenizer_dir))?;
+    model.export_merged(out, dtype, None)?;
+    crate::model_files::write_tokenizer_files(tokenizer_dir, out)?;
     Ok(())
 }
 
@@ -174,7 +165,7 @@ impl KeepLayers {
 pub fn derive_draft(from: &Path, keep: &KeepLayers, out: &Path) -> Result<Vec<usize>> {
     if !is_model_dir(from) {
         return Err(TrainError::Config(format!(
-            "--from {}: not a model directory (no config.json)",
+            "--from {}: not a model (no config.json, and not a .gguf file)",
             from.display()
         )));
     }
@@ -187,7 +178,7 @@ pub fn derive_draft(from: &Path, keep: &KeepLayers, out: &Path) -> Result<Vec<us
         _ => SaveDType::F32,
     };
     model.keep_layers(&layers)?.save(out, dtype)?;
-    kd_model::copy_tokenizer_files(from, out)?;
+    crate::model_files::write_tokenizer_files(from, out)?;
     Ok(layers)
 }
 
@@ -228,7 +219,7 @@ pub fn serve_teacher(config: &ServeTeacherConfig) -> Result<ServerHandle> {
         config.batch_size,
         model_fingerprint(&config.target_model)?,
     );
-    if config.target_model.join("tokenizer.json").is_file() {
+    if crate::model_files::has_tokenizer(&config.target_model) {
         teacher = teacher.with_tokenizer(ChatTokenizer::from_dir(&config.target_model)?);
     }
     Ok(spawn_server(
