@@ -196,7 +196,8 @@ pub struct TrainArgs {
     /// A remote teacher (e.g. http://gpu-box:30000) instead of loading the target here.
     #[arg(long)]
     pub teacher_url: Option<String>,
-    /// The remote teacher's API: sglang (/generate) or openai (/v1/completions).
+    /// The remote teacher's API: sglang (/generate), openai (/v1/completions) or llamacpp
+    /// (llama.cpp's /completion; generation only: llama.cpp cannot score prompts).
     #[arg(long, default_value_t = name(d().teacher_api))]
     pub teacher_api: String,
     /// The served model's name (OpenAI API).
