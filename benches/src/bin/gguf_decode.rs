@@ -41,6 +41,10 @@ struct Args {
     /// Threads for llama.cpp (ours uses rayon's pool: all cores).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Keep only the first N decoder layers (to split the step time into per-layer and
+    /// embedding + head parts; llama.cpp is then not comparable and not run).
+    #[arg(long)]
+    keep_layers: Option<usize>,
     /// Directory with llama.cpp's `llama-batched-bench` (`fixtures/build-llama-server.sh`).
     #[arg(long)]
     llama_cpp_bin: Option<PathBuf>,
@@ -56,7 +60,10 @@ fn main() -> Result<()> {
     }
     let device = parse_device("cpu")?;
     let start = Instant::now();
-    let model = Llama::load(&args.model, &device)?;
+    let mut model = Llama::load(&args.model, &device)?;
+    if let Some(n) = args.keep_layers {
+        model = model.keep_layers(&(0..n).collect::<Vec<_>>())?;
+    }
     println!(
         "loaded {} in {:.2} s (dequantised to f32)",
         args.model.display(),
@@ -91,6 +98,9 @@ fn main() -> Result<()> {
         ours.push((b, s));
     }
 
+    if args.keep_layers.is_some() {
+        return Ok(());
+    }
     let Some(bin) = &args.llama_cpp_bin else {
         println!(
             "llama.cpp: not run (pass --llama-cpp-bin DIR; fixtures/build-llama-server.sh builds it)"
