@@ -35,7 +35,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let device = parse_device(&args.device)?;
     let start = Instant::now();
-    let model = Llama::load(&args.model, &device)
+    let model = Llama::load_for_inference(&args.model, &device)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let tokenizer = ChatTokenizer::from_dir(&args.model)?;
     println!("loaded in {:.2} s", start.elapsed().as_secs_f64());

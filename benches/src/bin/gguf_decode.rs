@@ -5,7 +5,8 @@
 //!
 //! Our decode time is measured as the time of `prompt + N` tokens minus the time of
 //! `prompt + 1` token (the prefill and the first token), over `(N − 1) · batch` tokens.
-//! We dequantise the weights to f32 at load; llama.cpp computes on the Q4_1/Q8_0 blocks.
+//! Ours twice: with the weights dequantised to f32 (`Llama::load`), and with the Q8_0/Q4
+//! blocks kept for decoding (`Llama::load_for_inference`, the one compared with llama.cpp).
 //!
 //! `cargo run --release -p kd-benches --bin gguf_decode -- --llama-cpp-bin target/llama.cpp/bin`
 
@@ -59,43 +60,57 @@ fn main() -> Result<()> {
         );
     }
     let device = parse_device("cpu")?;
-    let start = Instant::now();
-    let mut model = Llama::load(&args.model, &device)?;
-    if let Some(n) = args.keep_layers {
-        model = model.keep_layers(&(0..n).collect::<Vec<_>>())?;
-    }
-    println!(
-        "loaded {} in {:.2} s (dequantised to f32)",
-        args.model.display(),
-        start.elapsed().as_secs_f64()
-    );
-    let vocab = model.config().vocab_size as u64;
     let mut ours = Vec::new();
-    for &b in &args.batch {
-        // Skip the 17 control tokens at the start of the vocabulary.
-        let rows = kd_benches::random_prompts(b, args.prompt_len, 17, vocab);
-        let prompts: Vec<SeededPrompt<'_>> = rows
-            .iter()
-            .map(|ids| SeededPrompt { ids, seed: 0 })
-            .collect();
-        let run = |n: usize| -> Result<f64> {
-            let mut options = GenerateOptions::greedy(n);
-            options.stop_token_ids = vec![u32::MAX]; // no eos: every row decodes n tokens
-            let t = Instant::now();
-            let out = model.generate(&prompts, &options)?;
-            assert!(out.iter().all(|c| c.ids.len() == n));
-            Ok(t.elapsed().as_secs_f64())
+    for packed in [false, true] {
+        let start = Instant::now();
+        let mut model = if packed {
+            Llama::load_for_inference(&args.model, &device)?
+        } else {
+            Llama::load(&args.model, &device)?
         };
-        run(args.new_tokens)?; // warm-up
-        let mut speeds = Vec::new();
-        for _ in 0..args.repeats {
-            let full = run(args.new_tokens)?;
-            let first = run(1)?;
-            speeds.push(((args.new_tokens - 1) * b) as f64 / (full - first));
+        if let Some(n) = args.keep_layers {
+            model = model.keep_layers(&(0..n).collect::<Vec<_>>())?;
         }
-        let s = median(speeds);
-        println!("ours      batch {b}: {s:.1} tokens/s (decode after the prompt)");
-        ours.push((b, s));
+        let label = if packed { "packed" } else { "f32" };
+        println!(
+            "loaded {} in {:.2} s ({})",
+            args.model.display(),
+            start.elapsed().as_secs_f64(),
+            if packed {
+                "f32 copy + Q8_0/Q4 blocks kept for decoding"
+            } else {
+                "dequantised to f32"
+            }
+        );
+        let vocab = model.config().vocab_size as u64;
+        for &b in &args.batch {
+            // Skip the 17 control tokens at the start of the vocabulary.
+            let rows = kd_benches::random_prompts(b, args.prompt_len, 17, vocab);
+            let prompts: Vec<SeededPrompt<'_>> = rows
+                .iter()
+                .map(|ids| SeededPrompt { ids, seed: 0 })
+                .collect();
+            let run = |n: usize| -> Result<f64> {
+                let mut options = GenerateOptions::greedy(n);
+                options.stop_token_ids = vec![u32::MAX]; // no eos: every row decodes n tokens
+                let t = Instant::now();
+                let out = model.generate(&prompts, &options)?;
+                assert!(out.iter().all(|c| c.ids.len() == n));
+                Ok(t.elapsed().as_secs_f64())
+            };
+            run(args.new_tokens)?; // warm-up
+            let mut speeds = Vec::new();
+            for _ in 0..args.repeats {
+                let full = run(args.new_tokens)?;
+                let first = run(1)?;
+                speeds.push(((args.new_tokens - 1) * b) as f64 / (full - first));
+            }
+            let s = median(speeds);
+            println!("ours {label:>6} batch {b}: {s:.1} tokens/s (decode after the prompt)");
+            if packed {
+                ours.push((b, s));
+            }
+        }
     }
 
     if args.keep_layers.is_some() {

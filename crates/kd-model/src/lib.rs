@@ -40,6 +40,7 @@ mod gguf;
 mod lora;
 mod model;
 pub mod ops;
+mod packed;
 mod rope;
 pub mod sampling;
 mod skinny;
@@ -87,6 +88,31 @@ impl Llama {
         }
         let config = LlamaConfig::from_file(path.join("config.json"))?;
         weights::load(&weights::Checkpoint::open(path)?, config, dtype, device)
+    }
+
+    /// Like [`load`](Self::load), for a model that only infers (a teacher, a target, a chat):
+    /// from a GGUF file it also keeps the projections and the LM head stored as Q8_0, Q4_0 or
+    /// Q4_1 in those blocks, and decoding (up to 32 rows on the CPU) reads them instead of
+    /// the f32 copy — the same weight values, a fraction of the memory traffic. Do not train
+    /// or merge into such a model's base weights: the blocks would not follow
+    /// ([`merge_and_unload`](Self::merge_and_unload) drops them).
+    pub fn load_for_inference(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        let path = path.as_ref();
+        let mut model = Self::load(path, device)?;
+        if *device == Device::flex()
+            && let Some(file) = gguf::gguf_path(path)?
+        {
+            let file = kd_gguf::GgufFile::open(file)?;
+            let packed = packed::Packed::from_gguf(&file, model.config());
+            tracing::debug!(matrices = packed.count(), "kept GGUF blocks for decoding");
+            model.packed = Some(std::sync::Arc::new(packed));
+        }
+        Ok(model)
+    }
+
+    /// Whether decoding reads packed GGUF blocks ([`load_for_inference`](Self::load_for_inference)).
+    pub fn has_packed_weights(&self) -> bool {
+        self.packed.is_some()
     }
 
     /// Writes `config.json` and the weights to `dir` in Hugging Face layout (shards of at most

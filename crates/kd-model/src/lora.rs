@@ -194,6 +194,8 @@ impl Llama {
 
     /// Folds every adapter into its base weight and removes it (PEFT's `merge_and_unload`).
     pub fn merge_and_unload(mut self) -> Self {
+        // Packed GGUF blocks mirror the unmerged weights.
+        self.packed = None;
         for proj in self.projections_mut() {
             let taken = std::mem::replace(proj, kd_lora::LoraLinear::new(proj.base.clone()));
             *proj = taken.merge();

@@ -43,6 +43,7 @@ impl Attention {
     /// - `cos`, `sin`: `[batch, 1, seq, head_dim]`
     /// - `mask`: `[batch, 1, seq, past + seq]`, `true` = masked out
     /// - output: `[batch, seq, hidden]`
+    #[allow(clippy::too_many_arguments)] // the per-call state of one layer, passed through
     fn forward(
         &self,
         x: Tensor<3>,
@@ -51,21 +52,29 @@ impl Attention {
         mask: &Tensor<4, Bool>,
         cache: Option<(&mut KvCache, usize)>,
         seed: Option<u64>,
+        packs: Option<&LayerPacks>,
     ) -> Tensor<3> {
         let [b, s, _] = x.dims();
         let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let pk = |i: usize| packs.and_then(|p| p[i].as_ref());
         let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, d]).swap_dims(1, 2);
         let q = apply_rotary(
-            heads(project(&self.q_proj, x.clone(), module_seed(seed, 0)), h),
+            heads(
+                project(&self.q_proj, pk(0), x.clone(), module_seed(seed, 0)),
+                h,
+            ),
             cos,
             sin,
         );
         let k = apply_rotary(
-            heads(project(&self.k_proj, x.clone(), module_seed(seed, 1)), kv),
+            heads(
+                project(&self.k_proj, pk(1), x.clone(), module_seed(seed, 1)),
+                kv,
+            ),
             cos,
             sin,
         );
-        let v = heads(project(&self.v_proj, x, module_seed(seed, 2)), kv);
+        let v = heads(project(&self.v_proj, pk(2), x, module_seed(seed, 2)), kv);
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, k, v),
             None => (k, v),
@@ -97,6 +106,7 @@ impl Attention {
         };
         project(
             &self.o_proj,
+            pk(3),
             out.swap_dims(1, 2).reshape([b, s, h * d]),
             module_seed(seed, 3),
         )
@@ -125,6 +135,9 @@ fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
         .reshape([b, kv * groups, t, d])
 }
 
+/// A layer's packed projections: q, k, v, o, gate, up, down.
+pub(crate) type LayerPacks = [Option<crate::packed::PackedMatrix>; 7];
+
 /// The SwiGLU feed-forward block (`mlp`): `down(silu(gate(x)) · up(x))`.
 #[derive(Module, Debug)]
 pub struct Mlp {
@@ -137,15 +150,16 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
-        let gate = project(&self.gate_proj, x.clone(), module_seed(seed, 4));
-        let up = project(&self.up_proj, x, module_seed(seed, 5));
+    fn forward(&self, x: Tensor<3>, seed: Option<u64>, packs: Option<&LayerPacks>) -> Tensor<3> {
+        let pk = |i: usize| packs.and_then(|p| p[i].as_ref());
+        let gate = project(&self.gate_proj, pk(4), x.clone(), module_seed(seed, 4));
+        let up = project(&self.up_proj, pk(5), x, module_seed(seed, 5));
         let act = if ops::applies(&gate.device(), gate.dtype()) {
             ops::fused_swiglu(gate, up)
         } else {
             silu(gate) * up
         };
-        project(&self.down_proj, act, module_seed(seed, 6))
+        project(&self.down_proj, pk(6), act, module_seed(seed, 6))
     }
 }
 
@@ -163,6 +177,7 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    #[allow(clippy::too_many_arguments)] // the per-call state of one layer, passed through
     fn forward(
         &self,
         x: Tensor<3>,
@@ -171,12 +186,15 @@ impl DecoderLayer {
         mask: &Tensor<4, Bool>,
         cache: Option<(&mut KvCache, usize)>,
         seed: Option<u64>,
+        packs: Option<&LayerPacks>,
     ) -> Tensor<3> {
         let normed = rms_norm(&self.input_layernorm, x.clone());
-        let attn = self.self_attn.forward(normed, cos, sin, mask, cache, seed);
+        let attn = self
+            .self_attn
+            .forward(normed, cos, sin, mask, cache, seed, packs);
         let x = x + attn;
         let normed = rms_norm(&self.post_attention_layernorm, x.clone());
-        x + self.mlp.forward(normed, seed)
+        x + self.mlp.forward(normed, seed, packs)
     }
 }
 
@@ -222,6 +240,9 @@ pub struct Llama {
     config: LlamaConfig,
     #[module(skip)]
     rope: Rope,
+    /// GGUF blocks kept for decoding (`Llama::load_for_inference`), mirroring the weights.
+    #[module(skip)]
+    pub(crate) packed: Option<std::sync::Arc<crate::packed::Packed>>,
 }
 
 impl Llama {
@@ -297,6 +318,7 @@ impl Llama {
             lm_head,
             config,
             rope,
+            packed: None,
         }
     }
 
@@ -333,6 +355,10 @@ impl Llama {
                 "layers to keep must be distinct and increasing, got {keep:?}"
             )));
         }
+        let packed = self
+            .packed
+            .as_ref()
+            .map(|p| std::sync::Arc::new(p.keep(keep)));
         let mut config = self.config;
         config.num_hidden_layers = keep.len();
         let mut slots: Vec<Option<DecoderLayer>> = self.layers.into_iter().map(Some).collect();
@@ -340,13 +366,9 @@ impl Llama {
             .iter()
             .map(|i| slots[*i].take().expect("indices are distinct"))
             .collect();
-        Ok(Self::from_parts(
-            config,
-            self.embed_tokens,
-            layers,
-            self.norm,
-            self.lm_head,
-        ))
+        let mut out = Self::from_parts(config, self.embed_tokens, layers, self.norm, self.lm_head);
+        out.packed = packed;
+        Ok(out)
     }
 
     /// Every adapter-capable projection with its module path
@@ -493,7 +515,8 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| (c, i));
             let seed = options.dropout_seed.map(|s| derive_seed(s, &[i as u64]));
-            x = layer.forward(x, &cos, &sin, &mask, layer_cache, seed);
+            let packs = self.packed.as_ref().map(|p| &p.layers[i]);
+            x = layer.forward(x, &cos, &sin, &mask, layer_cache, seed, packs);
             // HF's entry for the last layer is the normed output, recorded below.
             if i + 1 < n_layers {
                 record(i + 1, &x);
@@ -542,6 +565,13 @@ impl Llama {
         // Decoding: a few rows against the vocabulary matrix; a general GEMM would repack the
         // whole matrix on every call.
         let flat = x.clone().reshape([b * s, d]);
+        if let Some(head) = self.packed.as_ref().and_then(|p| p.head.as_ref())
+            && skinny::applies(&flat, &weight)
+        {
+            let y = crate::packed::packed_project(head, flat);
+            let v = y.dims()[1];
+            return y.reshape([b, s, v]);
+        }
         if skinny::applies(&flat, &weight) {
             let y = skinny::skinny_matmul_t(flat, weight);
             let v = y.dims()[1];
@@ -553,14 +583,23 @@ impl Llama {
 
 /// A projection `[batch, seq, in] → [batch, seq, out]`; a few rows of plain f32 on the CPU
 /// (decoding) take the skinny kernel for the base weight, everything else Burn's matmul.
-fn project(p: &LoraLinear, x: Tensor<3>, seed: Option<u64>) -> Tensor<3> {
+fn project(
+    p: &LoraLinear,
+    packed: Option<&crate::packed::PackedMatrix>,
+    x: Tensor<3>,
+    seed: Option<u64>,
+) -> Tensor<3> {
     let [b, s, d] = x.dims();
     if b * s <= skinny::MAX_ROWS {
         let weight = p.base.weight.val();
         let flat = x.clone().reshape([b * s, d]);
         if skinny::applies(&flat, &weight) {
             let out = weight.dims()[1];
-            let mut y = skinny::skinny_matmul(flat, weight).reshape([b, s, out]);
+            let y = match packed {
+                Some(m) => crate::packed::packed_project(m, flat),
+                None => skinny::skinny_matmul(flat, weight),
+            };
+            let mut y = y.reshape([b, s, out]);
             if let Some(bias) = &p.base.bias {
                 y = y + bias.val().reshape([1, 1, out]);
             }

@@ -230,3 +230,52 @@ fn smollm2_logits_match_transformers() {
     eprintln!("SmolLM2 vs transformers: max |Δ| over the stored logits {worst:e}");
     assert!(worst <= 1e-4, "max |Δ| over the stored logits {worst}");
 }
+
+#[test]
+fn packed_decoding_equals_the_f32_model() {
+    let dev = cpu();
+    let f32_model = Llama::load(tiny_gguf(), &dev).unwrap();
+    let packed = Llama::load_for_inference(tiny_gguf(), &dev).unwrap();
+    assert!(packed.has_packed_weights() && !f32_model.has_packed_weights());
+    let g = json("tiny.json");
+    let logits = golden("gguf/tiny");
+    // Up to 32 rows take the packed kernels: sequences of 5 and 17 tokens.
+    for (i, s) in g["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .take(2)
+    {
+        let ids = ids(&s["ids"]);
+        let a = to_vec(packed.logits(&TokenBatch::single(&ids)).unwrap());
+        let b = to_vec(f32_model.logits(&TokenBatch::single(&ids)).unwrap());
+        let d = max_abs_diff(&a, &b);
+        assert!(d <= 1e-5, "sequence {i}: packed vs f32 max |Δ| {d}");
+        let d = max_abs_diff(&a, &logits[&format!("logits.{i}")].f32);
+        assert!(
+            d <= 1e-4,
+            "sequence {i}: packed vs transformers max |Δ| {d}"
+        );
+    }
+    // Greedy decoding gives the same tokens; a derived draft keeps its layers' blocks.
+    let prompt = ids(&g["sequences"][1]["ids"]);
+    let p = [kd_model::SeededPrompt {
+        ids: &prompt,
+        seed: 0,
+    }];
+    let mut options = kd_model::GenerateOptions::greedy(12);
+    options.stop_token_ids = vec![u32::MAX];
+    let a = packed.generate(&p, &options).unwrap();
+    let b = f32_model.generate(&p, &options).unwrap();
+    assert_eq!(a[0].ids, b[0].ids);
+    let kept = packed.keep_layers(&[0, 2]).unwrap();
+    assert!(kept.has_packed_weights());
+    let a = kept.generate(&p, &options).unwrap();
+    let b = f32_model
+        .keep_layers(&[0, 2])
+        .unwrap()
+        .generate(&p, &options)
+        .unwrap();
+    assert_eq!(a[0].ids, b[0].ids);
+}

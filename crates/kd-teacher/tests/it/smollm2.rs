@@ -16,7 +16,8 @@ fn smollm2_says_the_capital_of_france_is_paris() {
         "{} is missing: run fixtures/fetch-smollm2.sh (the real-model tests need it)",
         path.display()
     );
-    let model = Llama::load(&path, &burn::tensor::Device::flex()).unwrap();
+    let model = Llama::load_for_inference(&path, &burn::tensor::Device::flex()).unwrap();
+    assert!(model.has_packed_weights());
     let tokenizer = ChatTokenizer::from_gguf(&path).unwrap();
     let teacher = LocalTeacher::new(model, 1, model_fingerprint(&path).unwrap());
     let question = [Message::new("user", "What is the capital of France?")];

@@ -629,7 +629,7 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
             ));
         }
         (_, Some(dir)) => {
-            let model = Llama::load(&dir, &teacher_device)?;
+            let model = Llama::load_for_inference(&dir, &teacher_device)?;
             check_same_family(student.config(), model.config(), &tokenizer, &dir)?;
             Box::new(LocalTeacher::new(
                 model,

@@ -104,7 +104,10 @@ fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBacke
             ..RemoteConfig::default()
         })?;
         let local = match &setup.target_config {
-            Some(_) => Some(Box::new(Llama::load(dir, &setup.target_devices[0])?)),
+            Some(_) => Some(Box::new(Llama::load_for_inference(
+                dir,
+                &setup.target_devices[0],
+            )?)),
             None => None,
         };
         return Ok(TeacherBackend::Remote(Box::new(remote), local));
@@ -112,7 +115,7 @@ fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBacke
     let fingerprint = model_fingerprint(dir)?;
     let mut replicas = Vec::with_capacity(setup.target_devices.len());
     for device in &setup.target_devices {
-        let model = Llama::load(dir, device)?;
+        let model = Llama::load_for_inference(dir, device)?;
         replicas.push(LocalTeacher::new(
             model,
             config.batch_size,

@@ -73,7 +73,7 @@ pub fn eval(
     .apply(source.records())?;
     let conversations: Vec<_> = records.iter().map(|r| r.messages.clone()).collect();
     let prompts = target_tok.encode_prompts(&conversations)?;
-    let target = Llama::load(&config.target_model, &device)?;
+    let target = Llama::load_for_inference(&config.target_model, &device)?;
     let mut draft = Llama::load(&config.draft_model, &device)?;
     if let Some(adapter) = &config.adapter {
         draft = draft.load_adapter(adapter)?.0.merge_and_unload();
@@ -213,7 +213,7 @@ impl Default for ServeTeacherConfig {
 /// Starts the teacher server (returns once it listens).
 pub fn serve_teacher(config: &ServeTeacherConfig) -> Result<ServerHandle> {
     let device = parse_device(&config.device)?;
-    let model = Llama::load(&config.target_model, &device)?;
+    let model = Llama::load_for_inference(&config.target_model, &device)?;
     let mut teacher = LocalTeacher::new(
         model,
         config.batch_size,

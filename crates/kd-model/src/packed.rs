@@ -1,0 +1,432 @@
+//! Decoding straight from a GGUF file's quantised blocks: Q8_0, Q4_0 and Q4_1 projection
+//! weights (and a tied embedding used as the LM head) kept as the file stores them, `[out,
+//! in]` rows of 32-value blocks, next to the f32 copy every other path uses.
+//!
+//! Decoding reads every weight once per generated token, so its speed is the memory traffic:
+//! a Q4_1 block is 20 bytes for 32 weights where f32 is 128. The kernels dequantise each
+//! block in registers with exactly the operations of ggml's reference dequantisation (the
+//! values are bit-identical to the f32 copy's), then multiply-accumulate in f32; only the
+//! order of the additions differs from the f32 kernels. Each output is a sum over one input
+//! row, so a row's result does not depend on the other rows of the batch.
+//!
+//! The blocks mirror the weights the model was loaded with: a model whose base weights
+//! change (merged adapters, full fine-tuning) must not keep them —
+//! [`Llama::merge_and_unload`](crate::Llama::merge_and_unload) drops them, and only
+//! [`Llama::load_for_inference`](crate::Llama::load_for_inference) creates them.
+
+use burn::tensor::{Tensor, TensorData};
+use half::f16;
+use kd_gguf::{GgmlType, GgufFile};
+use rayon::prelude::*;
+
+use crate::config::LlamaConfig;
+use crate::model::LayerPacks;
+
+/// The packed weights of a model loaded from GGUF: per layer q, k, v, o, gate, up, down (each
+/// when stored in a packed type), and the LM head (`output.weight`, or the tied embedding).
+#[derive(Debug, Clone)]
+pub(crate) struct Packed {
+    pub layers: Vec<LayerPacks>,
+    pub head: Option<PackedMatrix>,
+}
+
+impl Packed {
+    /// The blocks of every projection of a llama GGUF file stored as Q8_0/Q4_0/Q4_1, with the
+    /// queries' and keys' rows put back in Hugging Face order.
+    pub fn from_gguf(file: &GgufFile, c: &LlamaConfig) -> Self {
+        let get = |name: &str, heads: Option<usize>| -> Option<PackedMatrix> {
+            let t = file.tensor(name)?;
+            let [rows, cols] = t.shape()[..] else {
+                return None;
+            };
+            let bytes = file.tensor_bytes(name).ok()?;
+            let m = PackedMatrix::new(t.ty, rows, cols, bytes)?;
+            match heads {
+                Some(h) => m.unpermute_rows(h),
+                None => Some(m),
+            }
+        };
+        let layers = (0..c.num_hidden_layers)
+            .map(|l| {
+                let n = |m: &str| format!("blk.{l}.{m}.weight");
+                [
+                    get(&n("attn_q"), Some(c.num_attention_heads)),
+                    get(&n("attn_k"), Some(c.num_key_value_heads)),
+                    get(&n("attn_v"), None),
+                    get(&n("attn_output"), None),
+                    get(&n("ffn_gate"), None),
+                    get(&n("ffn_up"), None),
+                    get(&n("ffn_down"), None),
+                ]
+            })
+            .collect();
+        let head = if c.tie_word_embeddings {
+            get("token_embd.weight", None)
+        } else {
+            get("output.weight", None)
+        };
+        Self { layers, head }
+    }
+
+    /// The packs of the kept layers (see `Llama::keep_layers`).
+    pub fn keep(&self, keep: &[usize]) -> Self {
+        Self {
+            layers: keep.iter().map(|&i| self.layers[i].clone()).collect(),
+            head: self.head.clone(),
+        }
+    }
+
+    /// Number of packed matrices.
+    pub fn count(&self) -> usize {
+        self.layers.iter().flatten().flatten().count() + usize::from(self.head.is_some())
+    }
+}
+
+/// `x [n, in] · mᵀ` → `[n, out]` on the CPU backend.
+pub(crate) fn packed_project(m: &PackedMatrix, x: Tensor<2>) -> Tensor<2> {
+    let [n, k] = x.dims();
+    assert_eq!(
+        k, m.cols,
+        "packed matrix of {} columns for input width {k}",
+        m.cols
+    );
+    let device = x.device();
+    let xs: Vec<f32> = x.into_data().try_into_vec_as::<f32>().expect("f32 input");
+    let y = m.matmul_t(&xs, n);
+    Tensor::from_data(TensorData::new(y, [n, m.rows]), &device)
+}
+
+/// A `[rows, cols]` matrix (a projection's `[out, in]`) in Q8_0, Q4_0 or Q4_1 blocks.
+#[derive(Clone)]
+pub struct PackedMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PackedMatrix({} [{}, {}])",
+            self.ty.name(),
+            self.rows,
+            self.cols
+        )
+    }
+}
+
+/// Output rows per parallel task.
+const ROWS_PER_TASK: usize = 64;
+
+impl PackedMatrix {
+    /// Wraps the raw blocks of a `[rows, cols]` tensor; `None` for another type or a size
+    /// that does not match.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) {
+            return None;
+        }
+        let (block, size) = ty.block()?;
+        if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * size {
+            return None;
+        }
+        Some(Self {
+            ty,
+            rows,
+            cols,
+            bytes: bytes.to_vec(),
+        })
+    }
+
+    /// Undoes llama.cpp's Q/K row permutation (see `gguf::unpermute_rows`) on whole rows of
+    /// blocks; `None` when the rows are not `heads` heads of even width.
+    fn unpermute_rows(self, heads: usize) -> Option<Self> {
+        if heads == 0 || !self.rows.is_multiple_of(2 * heads) {
+            return None;
+        }
+        let rb = self.row_bytes();
+        let half = self.rows / heads / 2;
+        let mut out = vec![0u8; self.bytes.len()];
+        for h in 0..heads {
+            for i in 0..half {
+                for which in 0..2 {
+                    let src = (h * half + i) * 2 + which;
+                    let dst = h * 2 * half + which * half + i;
+                    out[dst * rb..(dst + 1) * rb]
+                        .copy_from_slice(&self.bytes[src * rb..(src + 1) * rb]);
+                }
+            }
+        }
+        Some(Self { bytes: out, ..self })
+    }
+
+    /// Bytes per matrix row.
+    fn row_bytes(&self) -> usize {
+        let (block, size) = self.ty.block().expect("a supported type");
+        self.cols / block * size
+    }
+
+    /// `x [n, cols] · selfᵀ` → `[n, rows]`, with `x` row-major.
+    pub fn matmul_t(&self, x: &[f32], n: usize) -> Vec<f32> {
+        assert_eq!(x.len(), n * self.cols, "x must be [n, cols]");
+        let row_bytes = self.row_bytes();
+        let simd = has_avx2_fma();
+        let starts: Vec<usize> = (0..self.rows).step_by(ROWS_PER_TASK).collect();
+        let parts: Vec<Vec<f32>> = starts
+            .par_iter()
+            .map(|&j0| {
+                let nb = ROWS_PER_TASK.min(self.rows - j0);
+                let mut acc = vec![0f32; n * nb];
+                for j in 0..nb {
+                    let w = &self.bytes[(j0 + j) * row_bytes..(j0 + j + 1) * row_bytes];
+                    #[cfg(target_arch = "x86_64")]
+                    if simd {
+                        // SAFETY: the CPU supports the features the function was compiled for.
+                        unsafe { dot_row_avx2(self.ty, w, x, n, self.cols, &mut acc, nb, j) };
+                        continue;
+                    }
+                    let _ = simd;
+                    dot_row(self.ty, w, x, n, self.cols, &mut acc, nb, j);
+                }
+                acc
+            })
+            .collect();
+        let mut out = vec![0f32; n * self.rows];
+        for (&j0, part) in starts.iter().zip(&parts) {
+            let nb = part.len() / n.max(1);
+            for r in 0..n {
+                out[r * self.rows + j0..r * self.rows + j0 + nb]
+                    .copy_from_slice(&part[r * nb..(r + 1) * nb]);
+            }
+        }
+        out
+    }
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One block's 32 values, as ggml's reference dequantisation computes them.
+fn block_values(ty: GgmlType, b: &[u8], y: &mut [f32; 32]) {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+    match ty {
+        GgmlType::Q8_0 => {
+            for (y, &q) in y.iter_mut().zip(&b[2..34]) {
+                *y = (q as i8) as f32 * d;
+            }
+        }
+        GgmlType::Q4_0 => {
+            for (j, &q) in b[2..18].iter().enumerate() {
+                y[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
+                y[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+        GgmlType::Q4_1 => {
+            let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
+            for (j, &q) in b[4..20].iter().enumerate() {
+                y[j] = (q & 0x0F) as f32 * d + m;
+                y[j + 16] = (q >> 4) as f32 * d + m;
+            }
+        }
+        _ => unreachable!("PackedMatrix::new admits Q8_0, Q4_0 and Q4_1 only"),
+    }
+}
+
+/// Scalar kernel: output `j` of every row of `x` against one matrix row `w` (its blocks).
+#[allow(clippy::too_many_arguments)]
+fn dot_row(
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    acc: &mut [f32],
+    nb: usize,
+    j: usize,
+) {
+    let size = ty.block().expect("a supported type").1;
+    let mut lanes = vec![[0f32; 8]; n];
+    let mut vals = [0f32; 32];
+    for (blk, b) in w.chunks_exact(size).enumerate() {
+        block_values(ty, b, &mut vals);
+        for (r, lane) in lanes.iter_mut().enumerate() {
+            let xs = &x[r * cols + blk * 32..r * cols + blk * 32 + 32];
+            for q in 0..4 {
+                for l in 0..8 {
+                    lane[l] = xs[q * 8 + l].mul_add(vals[q * 8 + l], lane[l]);
+                }
+            }
+        }
+    }
+    for (r, l) in lanes.iter().enumerate() {
+        acc[r * nb + j] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    }
+}
+
+/// The same with AVX2/FMA: each block dequantised into four registers once per group of
+/// four rows, then one FMA per register and row. The lanes and their final sum follow the
+/// scalar kernel's order exactly, so both give the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+fn dot_row_avx2(
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    acc: &mut [f32],
+    nb: usize,
+    j: usize,
+) {
+    use std::arch::x86_64::*;
+    let size = ty.block().expect("a supported type").1;
+    let blocks = cols / 32;
+    assert!(w.len() == blocks * size && x.len() >= n * cols);
+    let mut r0 = 0;
+    while r0 < n {
+        let g = (n - r0).min(4);
+        let z = _mm256_setzero_ps();
+        let mut s = [z; 4];
+        for blk in 0..blocks {
+            let b = &w[blk * size..(blk + 1) * size];
+            let d = _mm256_set1_ps(f16::from_le_bytes([b[0], b[1]]).to_f32());
+            // SAFETY: every load reads within `b` (size bytes, checked by chunking above).
+            let v: [__m256; 4] = unsafe {
+                match ty {
+                    GgmlType::Q8_0 => {
+                        let p = b.as_ptr().add(2);
+                        let f = |o: usize| {
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                p.add(o) as *const __m128i
+                            )))
+                        };
+                        [
+                            _mm256_mul_ps(f(0), d),
+                            _mm256_mul_ps(f(8), d),
+                            _mm256_mul_ps(f(16), d),
+                            _mm256_mul_ps(f(24), d),
+                        ]
+                    }
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        let off = if ty == GgmlType::Q4_0 { 2 } else { 4 };
+                        let qs = _mm_loadu_si128(b.as_ptr().add(off) as *const __m128i);
+                        let mask = _mm_set1_epi8(0x0F);
+                        let lo = _mm_and_si128(qs, mask);
+                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+                        let to_i32 = |v: __m128i| _mm256_cvtepu8_epi32(v);
+                        let mut q = [
+                            to_i32(lo),
+                            to_i32(_mm_srli_si128(lo, 8)),
+                            to_i32(hi),
+                            to_i32(_mm_srli_si128(hi, 8)),
+                        ];
+                        if ty == GgmlType::Q4_0 {
+                            let eight = _mm256_set1_epi32(8);
+                            for v in &mut q {
+                                *v = _mm256_sub_epi32(*v, eight);
+                            }
+                            q.map(|v| _mm256_mul_ps(_mm256_cvtepi32_ps(v), d))
+                        } else {
+                            let m = _mm256_set1_ps(f16::from_le_bytes([b[2], b[3]]).to_f32());
+                            q.map(|v| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), d), m))
+                        }
+                    }
+                    _ => unreachable!("PackedMatrix::new admits Q8_0, Q4_0 and Q4_1 only"),
+                }
+            };
+            for (q, sq) in s.iter_mut().enumerate().take(g) {
+                let px = x.as_ptr().wrapping_add((r0 + q) * cols + blk * 32);
+                // SAFETY: (r0 + q) * cols + blk * 32 + 32 <= n * cols <= x.len().
+                unsafe {
+                    *sq = _mm256_fmadd_ps(_mm256_loadu_ps(px), v[0], *sq);
+                    *sq = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(8)), v[1], *sq);
+                    *sq = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(16)), v[2], *sq);
+                    *sq = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(24)), v[3], *sq);
+                }
+            }
+        }
+        for (q, sq) in s.iter().enumerate().take(g) {
+            let mut l = [0f32; 8];
+            // SAFETY: `l` holds 8 floats.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *sq) };
+            acc[(r0 + q) * nb + j] =
+                ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        }
+        r0 += g;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random blocks with finite scales; the packed product against the dequantised f32
+    /// matrix, and the scalar kernel against the AVX2 one bit for bit.
+    #[test]
+    fn packed_products_equal_the_dequantised_ones() {
+        let mut state = 11u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+            let (rows, cols, n) = (70, 96, 5);
+            let size = ty.block().unwrap().1;
+            let mut bytes = vec![0u8; rows * cols / 32 * size];
+            for b in bytes.iter_mut() {
+                *b = next() as u8;
+            }
+            for blk in bytes.chunks_exact_mut(size) {
+                let scale = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.1 - 0.05);
+                blk[..2].copy_from_slice(&scale.to_le_bytes());
+                if ty == GgmlType::Q4_1 {
+                    let m = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.2 - 0.1);
+                    blk[2..4].copy_from_slice(&m.to_le_bytes());
+                }
+            }
+            let x: Vec<f32> = (0..n * cols)
+                .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+                .collect();
+            let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
+            let got = p.matmul_t(&x, n);
+            let mut w = vec![0f32; rows * cols];
+            kd_gguf::dequantize(ty, &bytes, &mut w).unwrap();
+            for r in 0..n {
+                for j in 0..rows {
+                    let want: f64 = (0..cols)
+                        .map(|i| x[r * cols + i] as f64 * w[j * cols + i] as f64)
+                        .sum();
+                    let g = got[r * rows + j] as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{ty:?} {r} {j}"
+                    );
+                }
+            }
+            // The scalar kernel gives the same bits, and a row alone the same as in the batch.
+            let mut scalar = vec![0f32; n * rows];
+            for j in 0..rows {
+                let row = &bytes[j * cols / 32 * size..(j + 1) * cols / 32 * size];
+                dot_row(ty, row, &x, n, cols, &mut scalar, rows, j);
+            }
+            assert_eq!(scalar, got, "{ty:?}: scalar vs SIMD");
+            assert_eq!(
+                p.matmul_t(&x[..cols], 1),
+                got[..rows].to_vec(),
+                "{ty:?}: row alone"
+            );
+        }
+    }
+}
