@@ -115,19 +115,27 @@ pub fn unpermute_rows(values: &[f32], shape: &[usize], heads: usize) -> Option<V
     if heads == 0 || !rows.is_multiple_of(2 * heads) {
         return None;
     }
-    let half = rows / heads / 2;
     let mut out = vec![0f32; values.len()];
+    for (dst, src) in unpermuted_order(rows, heads).into_iter().enumerate() {
+        out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
+    }
+    Some(out)
+}
+
+/// For each Hugging Face row of a `rows`-row Q/K projection of `heads` heads, the file's row
+/// it comes from: HF row `(h, half, i)` is file row `(h, i, half)`. `rows` must be a multiple
+/// of `2 · heads`.
+pub(crate) fn unpermuted_order(rows: usize, heads: usize) -> Vec<usize> {
+    let half = rows / heads / 2;
+    let mut order = vec![0; rows];
     for h in 0..heads {
         for i in 0..half {
             for which in 0..2 {
-                let src = (h * half + i) * 2 + which;
-                let dst = h * 2 * half + which * half + i;
-                out[dst * cols..(dst + 1) * cols]
-                    .copy_from_slice(&values[src * cols..(src + 1) * cols]);
+                order[h * 2 * half + which * half + i] = (h * half + i) * 2 + which;
             }
         }
     }
-    Some(out)
+    order
 }
 
 /// The Hugging Face name of a GGUF tensor of a llama model, and the number of heads to

@@ -146,17 +146,12 @@ impl PackedMatrix {
             return None;
         }
         let rb = self.row_bytes();
-        let half = self.rows / heads / 2;
         let mut out = vec![0u8; self.bytes.len()];
-        for h in 0..heads {
-            for i in 0..half {
-                for which in 0..2 {
-                    let src = (h * half + i) * 2 + which;
-                    let dst = h * 2 * half + which * half + i;
-                    out[dst * rb..(dst + 1) * rb]
-                        .copy_from_slice(&self.bytes[src * rb..(src + 1) * rb]);
-                }
-            }
+        for (dst, src) in crate::gguf::unpermuted_order(self.rows, heads)
+            .into_iter()
+            .enumerate()
+        {
+            out[dst * rb..(dst + 1) * rb].copy_from_slice(&self.bytes[src * rb..(src + 1) * rb]);
         }
         Some(Self { bytes: out, ..self })
     }
@@ -171,7 +166,7 @@ impl PackedMatrix {
     pub fn matmul_t(&self, x: &[f32], n: usize) -> Vec<f32> {
         assert_eq!(x.len(), n * self.cols, "x must be [n, cols]");
         let row_bytes = self.row_bytes();
-        let simd = has_avx2_fma();
+        let simd = crate::skinny::has_avx2_fma();
         let starts: Vec<usize> = (0..self.rows).step_by(ROWS_PER_TASK).collect();
         let parts: Vec<Vec<f32>> = starts
             .par_iter()
@@ -201,17 +196,6 @@ impl PackedMatrix {
             }
         }
         out
-    }
-}
-
-fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 

@@ -137,7 +137,7 @@ fn par_column_blocks(
 }
 
 /// Whether the AVX2/FMA kernels can run here.
-fn has_avx2_fma() -> bool {
+pub(crate) fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
