@@ -279,3 +279,27 @@ fn packed_decoding_equals_the_f32_model() {
         .unwrap();
     assert_eq!(a[0].ids, b[0].ids);
 }
+
+#[test]
+fn llama3_rope_scaling_is_recovered_from_rope_freqs() {
+    // fixtures/make_llama3_gguf.py: tiny-llama3 as llama.cpp's converter writes it (the
+    // scaling only as `rope_freqs.weight`); the safetensors twin is tested against transformers.
+    let dev = cpu();
+    let gguf = Llama::load(fixtures().join("tiny-gguf/tiny-llama3.gguf"), &dev).unwrap();
+    let hf = crate::util::load("tiny-llama3");
+    assert_eq!(
+        gguf.config().rope_scaling,
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        }
+    );
+    assert_eq!(gguf.config().rope_scaling, hf.config().rope_scaling);
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 256).collect();
+    let a = to_vec(gguf.logits(&TokenBatch::single(&ids)).unwrap());
+    let b = to_vec(hf.logits(&TokenBatch::single(&ids)).unwrap());
+    let d = max_abs_diff(&a, &b);
+    assert!(d <= 1e-5, "GGUF vs safetensors twin: max |Δ| {d}");
+}
