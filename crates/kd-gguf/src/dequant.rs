@@ -171,18 +171,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Deq
             values: out.len(),
         });
     }
-    let f: fn(&[u8], &mut [f32]) = match ty {
-        GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        GgmlType::F16 => |b, y| y[0] = f16::from_le_bytes([b[0], b[1]]).to_f32(),
-        GgmlType::BF16 => |b, y| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-        GgmlType::Q8_0 => q8_0,
-        GgmlType::Q4_0 => q4_0,
-        GgmlType::Q4_1 => q4_1,
-        GgmlType::Q4K => q4_k,
-        GgmlType::Q5K => q5_k,
-        GgmlType::Q6K => q6_k,
-        GgmlType::Other(_) => unreachable!("block() returned None above"),
-    };
+    let f = block_dequantizer(ty).expect("block() returned Some above");
     bytes
         .par_chunks(size * BLOCKS_PER_TASK)
         .zip(out.par_chunks_mut(block * BLOCKS_PER_TASK))
@@ -192,6 +181,26 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Deq
             }
         });
     Ok(())
+}
+
+/// Dequantises one block: its bytes into its values.
+pub type BlockFn = fn(&[u8], &mut [f32]);
+
+/// The function that dequantises one block of type `ty` (its `block().1` bytes into its
+/// `block().0` values), sequentially; `None` for a type this crate cannot read.
+pub fn block_dequantizer(ty: GgmlType) -> Option<BlockFn> {
+    Some(match ty {
+        GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        GgmlType::F16 => |b, y| y[0] = f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        GgmlType::BF16 => |b, y| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        GgmlType::Q8_0 => q8_0,
+        GgmlType::Q4_0 => q4_0,
+        GgmlType::Q4_1 => q4_1,
+        GgmlType::Q4K => q4_k,
+        GgmlType::Q5K => q5_k,
+        GgmlType::Q6K => q6_k,
+        GgmlType::Other(_) => return None,
+    })
 }
 
 fn half_at(b: &[u8], at: usize) -> f32 {

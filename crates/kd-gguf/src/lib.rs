@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use dequant::{DequantError, GgmlType, dequantize};
+pub use dequant::{BlockFn, DequantError, GgmlType, block_dequantizer, dequantize};
 pub use error::{GgufError, Result};
 
 /// The GGUF file a model path names: the path itself when it is a file, or the only `.gguf`

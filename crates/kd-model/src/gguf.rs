@@ -56,6 +56,11 @@ impl GgufSource {
         }
         Ok((Self { file, names }, config))
     }
+
+    /// The open file.
+    pub(crate) fn file(&self) -> &GgufFile {
+        &self.file
+    }
 }
 
 impl TensorSource for GgufSource {

@@ -98,12 +98,13 @@ impl Llama {
     /// ([`merge_and_unload`](Self::merge_and_unload) drops them).
     pub fn load_for_inference(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
         let path = path.as_ref();
-        let mut model = Self::load(path, device)?;
-        if *device == Device::flex()
-            && let Some(file) = gguf::gguf_path(path)?
-        {
-            let file = kd_gguf::GgufFile::open(file)?;
-            let packed = packed::Packed::from_gguf(&file, model.config());
+        let Some(file) = gguf::gguf_path(path)? else {
+            return Self::load(path, device);
+        };
+        let (source, config) = gguf::GgufSource::open(&file)?;
+        let mut model = weights::load(&source, config, ComputeDType::F32, device)?;
+        if *device == Device::flex() {
+            let packed = packed::Packed::from_gguf(source.file(), model.config());
             tracing::debug!(matrices = packed.count(), "kept GGUF blocks for decoding");
             model.packed = Some(std::sync::Arc::new(packed));
         }

@@ -199,32 +199,6 @@ impl PackedMatrix {
     }
 }
 
-/// One block's 32 values, as ggml's reference dequantisation computes them.
-fn block_values(ty: GgmlType, b: &[u8], y: &mut [f32; 32]) {
-    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-    match ty {
-        GgmlType::Q8_0 => {
-            for (y, &q) in y.iter_mut().zip(&b[2..34]) {
-                *y = (q as i8) as f32 * d;
-            }
-        }
-        GgmlType::Q4_0 => {
-            for (j, &q) in b[2..18].iter().enumerate() {
-                y[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
-                y[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
-            }
-        }
-        GgmlType::Q4_1 => {
-            let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
-            for (j, &q) in b[4..20].iter().enumerate() {
-                y[j] = (q & 0x0F) as f32 * d + m;
-                y[j + 16] = (q >> 4) as f32 * d + m;
-            }
-        }
-        _ => unreachable!("PackedMatrix::new admits Q8_0, Q4_0 and Q4_1 only"),
-    }
-}
-
 /// Scalar kernel: output `j` of every row of `x` against one matrix row `w` (its blocks).
 #[allow(clippy::too_many_arguments)]
 fn dot_row(
@@ -238,10 +212,11 @@ fn dot_row(
     j: usize,
 ) {
     let size = ty.block().expect("a supported type").1;
+    let values = kd_gguf::block_dequantizer(ty).expect("a supported type");
     let mut lanes = vec![[0f32; 8]; n];
     let mut vals = [0f32; 32];
     for (blk, b) in w.chunks_exact(size).enumerate() {
-        block_values(ty, b, &mut vals);
+        values(b, &mut vals);
         for (r, lane) in lanes.iter_mut().enumerate() {
             let xs = &x[r * cols + blk * 32..r * cols + blk * 32 + 32];
             for q in 0..4 {
