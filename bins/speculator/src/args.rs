@@ -187,9 +187,10 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = d().kd_weight)]
     pub kd_weight: f64,
     /// Its divergence: forward_kl, reverse_kl, skewed_forward_kl, skewed_reverse_kl,
-    /// adaptive_kl, js_divergence, tv_distance.
-    #[arg(long, default_value_t = name(d().kd_objective))]
-    pub kd_objective: String,
+    /// adaptive_kl, js_divergence, tv_distance [default: tv_distance with
+    /// --on_policy_ratio > 0 (it matches sampling acceptance), else forward_kl].
+    #[arg(long)]
+    pub kd_objective: Option<String>,
     /// Log-probs per position the target records for it.
     #[arg(long, default_value_t = d().kd_topk)]
     pub kd_topk: usize,
@@ -273,6 +274,23 @@ pub struct TrainArgs {
     /// Clip the global gradient norm to this (0 = off).
     #[arg(long, default_value_t = d().max_grad_norm)]
     pub max_grad_norm: f64,
+    /// On-policy distillation: the share λ of each step's rows the draft completes itself,
+    /// scored by the target and learned through --kd_weight's KD term only (0 = off).
+    #[arg(long, default_value_t = d().on_policy_ratio)]
+    pub on_policy_ratio: f64,
+    /// The draft's sampling temperature for on-policy rows (0 = greedy).
+    #[arg(long, default_value_t = d().on_policy_temperature)]
+    pub on_policy_temperature: f32,
+    /// The draft's top-p for on-policy rows.
+    #[arg(long, default_value_t = d().on_policy_top_p)]
+    pub on_policy_top_p: f32,
+    /// Tokens the draft samples at most per on-policy row [default: --max_new_tokens].
+    #[arg(long)]
+    pub on_policy_max_new_tokens: Option<usize>,
+    /// Where the target's generations and scores are cached [default:
+    /// OUTPUT_DIR/teacher_cache]; runs sharing one reuse each other's teacher work.
+    #[arg(long)]
+    pub teacher_cache_dir: Option<PathBuf>,
 }
 
 /// `speculator eval`.
@@ -571,7 +589,7 @@ mod tests {
             parse("--use_distillation --scheduler_type linear --kd_objective tv_distance").unwrap();
         assert!(c.use_distillation);
         assert_eq!(c.scheduler_type, SchedulerType::Linear);
-        assert_eq!(c.kd_objective, KdObjective::TvDistance);
+        assert_eq!(c.kd_objective, Some(KdObjective::TvDistance));
     }
 
     #[test]

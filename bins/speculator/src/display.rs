@@ -219,6 +219,21 @@ pub fn print_summary(s: &SpeculatorSummary) {
         "  trained            {} steps, {} label tokens per epoch",
         s.train.global_step, s.trained_tokens_per_epoch
     );
+    if let Some(o) = &s.train.on_policy {
+        println!(
+            "  on-policy          {} rows: the draft sampled {} tokens ({:.1} s, {:.0} tokens/s), \
+             the target scored {} ({:.1} s); {:.0}% + {:.0}% of the steps' {:.1} s",
+            o.rows,
+            o.generated_tokens,
+            o.generation_seconds,
+            o.generated_tokens as f64 / o.generation_seconds.max(1e-9),
+            o.scored_tokens,
+            o.scoring_seconds,
+            100.0 * o.generation_seconds / o.step_seconds.max(1e-9),
+            100.0 * o.scoring_seconds / o.step_seconds.max(1e-9),
+            o.step_seconds
+        );
+    }
     if let Some(r) = &s.last_log {
         let terms: Vec<String> = r.terms.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
         println!("  final loss         {:.4} ({})", r.loss, terms.join(", "));

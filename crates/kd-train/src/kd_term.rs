@@ -4,10 +4,56 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use kd_data::Batch;
-use kd_loss::{KdConfig, LinearCe, LinearKdOutput, Teacher, linear_kd};
+use kd_loss::{
+    KdConfig, LinearCe, LinearKdOutput, NextTokenTargets, Teacher, linear_kd, next_token_targets,
+};
+use kd_model::{ForwardOptions, HiddenStates, Llama, ModelOutput};
 use kd_teacher::Scores;
 
 use crate::error::{Result, TrainError};
+use crate::trainer::token_batch;
+
+/// A micro-batch through the model up to its final hidden states (no logits: the losses fuse
+/// the LM head).
+pub(crate) struct FinalHidden {
+    /// The forward pass (the final hidden state and the `extra_layers` asked for).
+    pub out: ModelOutput,
+    /// The final hidden states flattened to `[batch · seq, hidden]`.
+    pub flat: Tensor<2>,
+    /// The shifted labels: row `r · seq + t` predicts label `t + 1` of row `r`.
+    pub shifted: NextTokenTargets,
+    /// The padded sequence length.
+    pub seq: usize,
+}
+
+/// The forward pass every loss of the pipelines starts with: final hidden states (and the
+/// hidden states of `extra_layers`), with dropout masks from `dropout_seed`, and the batch's
+/// shifted labels.
+pub(crate) fn final_hidden(
+    llama: &Llama,
+    batch: &Batch,
+    dropout_seed: Option<u64>,
+    extra_layers: &[usize],
+) -> Result<FinalHidden> {
+    let last = llama.layers.len();
+    let mut layers = vec![last];
+    layers.extend(extra_layers.iter().filter(|l| **l != last));
+    let opts = ForwardOptions {
+        logits: false,
+        hidden_states: HiddenStates::Layers(layers),
+        dropout_seed,
+        ..ForwardOptions::default()
+    };
+    let out = llama.forward(&token_batch(batch)?, &opts)?;
+    let hidden = out.hidden_state(last).expect("requested").clone();
+    let [b, s, d] = hidden.dims();
+    Ok(FinalHidden {
+        out,
+        flat: hidden.reshape([b * s, d]),
+        shifted: next_token_targets(&batch.labels, b, s),
+        seq: s,
+    })
+}
 
 /// The counted positions of a micro-batch: the flat row (`r · seq + t`) of each, and where the
 /// teacher saw it (example index, position in the teacher's sequence).

@@ -13,6 +13,9 @@
 //!   resumed run ends with the same bytes as an uninterrupted one.
 //! - Metrics: `training_log.txt`, TensorBoard event files under `runs/`, and a
 //!   [`TrainObserver`] for progress bars.
+//! - On-policy distillation ([`train_on_policy`], [`OnPolicy`]): a share λ of every step's
+//!   rows is completed by the model being trained and scored by the teacher (GKD /
+//!   DistillSpec), with the same exact resume.
 //! - [`distill`]: ROLL's distill pipeline as a library function ([`distill::run`]), driven by
 //!   ROLL's YAML.
 //! - [`speculator`]: the speculator pipeline as a library function
@@ -27,6 +30,7 @@ mod kd_term;
 mod memory;
 mod metrics;
 mod model_files;
+mod on_policy;
 mod optim;
 mod schedule;
 pub mod speculator;
@@ -43,10 +47,14 @@ pub use error::{Result, TrainError};
 pub use memory::retain_freed_memory;
 pub use metrics::{LogRecord, NoopObserver, TensorBoard, TextLog, TrainObserver, crc32c};
 pub use model_files::{has_tokenizer, is_local_model, model_config, write_tokenizer_files};
+pub use on_policy::{
+    OnPolicy, OnPolicyConfig, OnPolicyLoss, OnPolicySamples, OnPolicyTotals, on_policy_rows,
+    on_policy_terms, sample_seed,
+};
 pub use optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
 pub use schedule::learning_rate;
 pub use trainer::{
-    CausalLmLoss, NoHook, RunInfo, StepGradients, StepHook, StepLoss, StepLossFn, TrainModel,
-    TrainSummary, load_checkpoint_weights, shard_rows, step_gradients, token_batch, train,
-    train_with_hook,
+    CausalLmLoss, MixedStep, NoHook, RunInfo, StepGradients, StepHook, StepLoss, StepLossFn,
+    TrainModel, TrainSummary, load_checkpoint_weights, mixed_step_gradients, shard_rows,
+    step_gradients, token_batch, train, train_on_policy, train_with_hook,
 };

@@ -11,8 +11,8 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use kd_data::{Batch, BatchOptions, Example, collate, plan_batches};
 use kd_lora::{LoraConfig, derive_seed};
-use kd_loss::{HiddenProjection, linear_cross_entropy, next_token_targets};
-use kd_model::{ForwardOptions, HiddenStates, Llama, SaveDType, TokenBatch};
+use kd_loss::{HiddenProjection, LossStats, linear_cross_entropy};
+use kd_model::{Llama, SaveDType, TokenBatch};
 use serde_json::json;
 
 use crate::checkpoint::{
@@ -22,6 +22,9 @@ use crate::checkpoint::{
 use crate::config::{TrainConfig, TrainMode};
 use crate::error::{Result, TrainError};
 use crate::metrics::{LogRecord, TensorBoard, TextLog, TrainObserver};
+use crate::on_policy::{
+    OnPolicy, OnPolicyLoss, OnPolicySamples, OnPolicyTotals, on_policy_rows, on_policy_terms,
+};
 use crate::optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
 use crate::schedule::learning_rate;
 
@@ -41,6 +44,9 @@ pub struct StepLoss {
     pub total: Tensor<1>,
     /// Each term's value (`ce_loss`, `kd_loss`, `hidden_mse`), weighted as in the total.
     pub terms: Vec<(&'static str, f64)>,
+    /// The KD term's statistics (unweighted sums over the batch's counted positions), when
+    /// the loss has one: the trainer reports on-policy and off-policy rows apart from them.
+    pub kd: Option<LossStats>,
 }
 
 /// How a micro-batch becomes a loss (the pipelines implement it; the teacher can be in the
@@ -91,30 +97,18 @@ impl StepLossFn for CausalLmLoss {
     ) -> Result<StepLoss> {
         // The final hidden states, then the LM head fused with the loss (the logits are
         // never materialised whole).
-        let last = model.llama.layers.len();
-        let opts = ForwardOptions {
-            logits: false,
-            hidden_states: HiddenStates::Layers(vec![last]),
-            dropout_seed: Some(dropout_seed),
-            ..ForwardOptions::default()
-        };
-        let mut out = model.llama.forward(&token_batch(batch)?, &opts)?;
-        let (_, hidden) = out
-            .hidden_states
-            .pop()
-            .expect("final hidden state requested");
-        let [b, s, d] = hidden.dims();
-        let shifted = next_token_targets(&batch.labels, b, s);
+        let h = crate::kd_term::final_hidden(&model.llama, batch, Some(dropout_seed), &[])?;
         let ce = linear_cross_entropy(
-            hidden.reshape([b * s, d]),
+            h.flat,
             model.llama.lm_head_weight(),
-            &shifted.targets,
+            &h.shifted.targets,
             normalizer,
         )?;
         let value = ce.stats.loss_sum / normalizer as f64 * self.weight;
         Ok(StepLoss {
             total: ce.loss * self.weight,
             terms: vec![("ce_loss", value)],
+            kd: None,
         })
     }
 }
@@ -147,10 +141,37 @@ pub fn step_gradients(
     loss_fn: &dyn StepLossFn,
     seeds: &[u64],
 ) -> Result<StepGradients> {
+    let parts: Vec<(&Batch, &dyn StepLossFn)> =
+        micro_batches.iter().map(|b| (b, loss_fn)).collect();
+    let step = mixed_step_gradients(model, &parts, normalizer, seeds)?;
+    Ok((step.grads, step.loss, step.terms))
+}
+
+/// Gradients and losses of one optimizer step whose micro-batches may each have their own
+/// loss (off-policy and on-policy rows).
+pub struct MixedStep {
+    /// Summed gradients.
+    pub grads: GradientsParams,
+    /// The step's total loss.
+    pub loss: f64,
+    /// Each term summed over the micro-batches.
+    pub terms: Vec<(&'static str, f64)>,
+    /// KD statistics of each micro-batch (None where its loss has no KD term).
+    pub kd: Vec<Option<LossStats>>,
+}
+
+/// [`step_gradients`] with a loss per micro-batch.
+pub fn mixed_step_gradients(
+    model: &TrainModel,
+    parts: &[(&Batch, &dyn StepLossFn)],
+    normalizer: f32,
+    seeds: &[u64],
+) -> Result<MixedStep> {
     let mut acc = GradientsAccumulator::<TrainModel>::new();
     let mut total = 0.0;
     let mut terms: Vec<(&'static str, f64)> = Vec::new();
-    for (mb, seed) in micro_batches.iter().zip(seeds) {
+    let mut kd = Vec::with_capacity(parts.len());
+    for ((mb, loss_fn), seed) in parts.iter().zip(seeds) {
         let l = loss_fn.loss(model, mb, normalizer, *seed)?;
         total += l.total.clone().into_scalar::<f32>() as f64;
         for (k, v) in l.terms {
@@ -159,10 +180,16 @@ pub fn step_gradients(
                 None => terms.push((k, v)),
             }
         }
+        kd.push(l.kd);
         let grads = GradientsParams::from_grads(l.total.backward(), model);
         acc.accumulate(model, grads);
     }
-    Ok((acc.grads(), total, terms))
+    Ok(MixedStep {
+        grads: acc.grads(),
+        loss: total,
+        terms,
+        kd,
+    })
 }
 
 /// What the run is: files to copy into checkpoints and how to name the base model.
@@ -189,6 +216,13 @@ pub struct TrainSummary {
     pub checkpoints: Vec<PathBuf>,
     /// The last logged loss.
     pub last_loss: Option<f64>,
+    /// What the on-policy rows cost (runs with on-policy rows only).
+    pub on_policy: Option<OnPolicyTotals>,
+    /// Label tokens of the steps this run did (a resumed run counts its own).
+    pub label_tokens: usize,
+    /// Wall time of those steps (batches, forward, backward, update; on-policy sampling and
+    /// scoring included; logging and checkpoints not).
+    pub step_seconds: f64,
 }
 
 /// Loads the weights of a checkpoint into `model` (adapters and projection in LoRA mode, the
@@ -320,7 +354,29 @@ pub fn train_with_hook(
     observer: &mut dyn TrainObserver,
     hook: &mut dyn StepHook,
 ) -> Result<(TrainModel, TrainSummary)> {
+    train_on_policy(config, info, model, examples, loss_fn, observer, hook, None)
+}
+
+/// [`train_with_hook`] with on-policy rows: in every step a share λ of the planned rows
+/// ([`on_policy_rows`]) is completed by the model being trained, scored by `on_policy`'s
+/// teacher and learned through [`OnPolicyLoss`]; the other rows go through `loss_fn`. All
+/// rows of a step share one normaliser (their label tokens).
+#[allow(clippy::too_many_arguments)]
+pub fn train_on_policy(
+    config: &TrainConfig,
+    info: &RunInfo,
+    model: TrainModel,
+    examples: &[Example],
+    loss_fn: &dyn StepLossFn,
+    observer: &mut dyn TrainObserver,
+    hook: &mut dyn StepHook,
+    on_policy: Option<&OnPolicy<'_>>,
+) -> Result<(TrainModel, TrainSummary)> {
     config.validate()?;
+    let on_policy = on_policy.filter(|o| o.config.ratio > 0.0);
+    if let Some(o) = on_policy {
+        o.config.validate()?;
+    }
     if examples.is_empty() {
         return Err(TrainError::Config("no training examples".into()));
     }
@@ -355,6 +411,10 @@ pub fn train_with_hook(
         "examples": examples.len(),
         "mode": config.mode,
     });
+    let mut fingerprint = fingerprint;
+    if let Some(o) = on_policy {
+        fingerprint["on_policy"] = o.config.fingerprint();
+    }
 
     // Resume.
     let mut model = model;
@@ -458,7 +518,7 @@ pub fn train_with_hook(
     let mut window = (
         0usize,
         0.0f64,
-        Vec::<(&'static str, f64)>::new(),
+        Vec::<(&'static str, f64, usize)>::new(),
         0usize,
         Instant::now(),
     );
@@ -467,6 +527,9 @@ pub fn train_with_hook(
         skipped_steps: state.skipped_steps,
         checkpoints: Vec::new(),
         last_loss: None,
+        on_policy: None,
+        label_tokens: 0,
+        step_seconds: 0.0,
     };
     let mut plan = plan_batches(&lengths, &batch_opts, state.epoch as u64);
 
@@ -477,17 +540,78 @@ pub fn train_with_hook(
             plan = plan_batches(&lengths, &batch_opts, state.epoch as u64);
         }
         let step = state.global_step;
+        let step_started = Instant::now();
         let end = (state.next_micro_batch + per_step).min(plan.len());
+        let planned = &plan[state.next_micro_batch..end];
+        // On-policy rows: a share of the step's planned rows, completed by the model being
+        // trained and scored by the teacher; the others stay as planned.
+        let mut off_rows: Vec<Vec<Vec<usize>>> = planned.to_vec();
+        let mut on_rows: Vec<Vec<Vec<usize>>> = vec![Vec::new(); planned.len()];
+        let mut samples = OnPolicySamples::default();
+        let mut step_examples = 0usize;
+        if let Some(op) = on_policy {
+            let flat: Vec<(usize, usize)> = planned
+                .iter()
+                .enumerate()
+                .flat_map(|(m, rows)| (0..rows.len()).map(move |r| (m, r)))
+                .collect();
+            let chosen =
+                on_policy_rows(flat.len(), op.config.ratio, config.seed, state.epoch, step);
+            off_rows = vec![Vec::new(); planned.len()];
+            let mut wanted = Vec::new();
+            let mut micro_of = Vec::new();
+            for ((m, r), on) in flat.iter().zip(chosen) {
+                let row = &planned[*m][*r];
+                step_examples += row.len();
+                if on && row.iter().all(|e| op.usable(&examples[*e])) {
+                    for e in row {
+                        wanted.push(*e);
+                        micro_of.push(*m);
+                    }
+                } else {
+                    off_rows[*m].push(row.clone());
+                }
+            }
+            if !wanted.is_empty() {
+                samples = op.sample(
+                    &model.llama.valid(),
+                    examples,
+                    &wanted,
+                    config.seed,
+                    state.epoch,
+                    step,
+                )?;
+            }
+            for (i, m) in micro_of.iter().enumerate() {
+                on_rows[*m].push(vec![i]);
+            }
+        }
         // Each planned micro-batch holds data_parallel × train_batch_size rows; shard it.
-        let mut micro: Vec<Batch> = Vec::new();
-        for rows in &plan[state.next_micro_batch..end] {
+        let mut micro: Vec<(Batch, bool)> = Vec::new();
+        for (rows, set, on) in off_rows.iter().map(|r| (r, examples, false)).chain(
+            on_rows
+                .iter()
+                .map(|r| (r, samples.examples.as_slice(), true)),
+        ) {
             for shard in shard_rows(rows, config.data_parallel) {
                 if !shard.is_empty() {
-                    micro.push(collate(examples, &shard, info.pad_id, usize::MAX));
+                    micro.push((collate(set, &shard, info.pad_id, usize::MAX), on));
                 }
             }
         }
-        let tokens: usize = micro.iter().map(Batch::label_tokens).sum();
+        let on_loss = on_policy.map(|op| OnPolicyLoss {
+            scores: &samples.scores,
+            kd: op.config.kd,
+            kd_weight: op.config.kd_weight,
+        });
+        let parts: Vec<(&Batch, &dyn StepLossFn)> = micro
+            .iter()
+            .map(|(b, on)| match (&on_loss, on) {
+                (Some(l), true) => (b, l as &dyn StepLossFn),
+                _ => (b, loss_fn),
+            })
+            .collect();
+        let tokens: usize = micro.iter().map(|(b, _)| b.label_tokens()).sum();
         let seeds: Vec<u64> = (0..micro.len())
             .map(|k| derive_seed(config.seed, &[step as u64, k as u64]))
             .collect();
@@ -498,23 +622,39 @@ pub fn train_with_hook(
             warmup,
             total_steps,
         );
-        let (finite, loss_value, terms, norm) = if tokens == 0 {
+        let (finite, loss_value, mut terms, norm, kd_stats) = if tokens == 0 {
             tracing::warn!(
                 step,
                 "no label tokens in this step's batches; skipping the update"
             );
-            (true, 0.0, Vec::new(), 0.0)
+            (true, 0.0, Vec::new(), 0.0, Vec::new())
         } else {
-            let (grads, loss_value, terms) =
-                step_gradients(&model, &micro, tokens as f32, loss_fn, &seeds)?;
-            let norm = global_grad_norm(&model, &grads);
-            let finite = loss_value.is_finite() && norm.is_finite();
+            let mixed = mixed_step_gradients(&model, &parts, tokens as f32, &seeds)?;
+            let norm = global_grad_norm(&model, &mixed.grads);
+            let finite = mixed.loss.is_finite() && norm.is_finite();
             if finite {
                 let coef = clip_coefficient(norm, config.max_grad_norm);
-                model = optimizer.step(model, &grads, params, lr, coef);
+                model = optimizer.step(model, &mixed.grads, params, lr, coef);
             }
-            (finite, loss_value, terms, norm)
+            (finite, mixed.loss, mixed.terms, norm, mixed.kd)
         };
+        let step_seconds = step_started.elapsed().as_secs_f64();
+        summary.label_tokens += tokens;
+        summary.step_seconds += step_seconds;
+        if on_policy.is_some() {
+            let on: Vec<bool> = micro.iter().map(|(_, on)| *on).collect();
+            terms.extend(on_policy_terms(
+                &samples,
+                step_examples,
+                &on,
+                &kd_stats,
+                step_seconds,
+            ));
+            let t = summary
+                .on_policy
+                .get_or_insert_with(OnPolicyTotals::default);
+            t.add(&samples, step_seconds);
+        }
         state.global_step += 1;
         state.next_micro_batch = end;
         state.optimizer_steps = optimizer.steps;
@@ -542,9 +682,12 @@ pub fn train_with_hook(
             window.0 += 1;
             window.1 += loss_value;
             for (k, v) in terms {
-                match window.2.iter_mut().find(|(n, _)| *n == k) {
-                    Some((_, s)) => *s += v,
-                    None => window.2.push((k, v)),
+                match window.2.iter_mut().find(|(n, _, _)| *n == k) {
+                    Some((_, s, c)) => {
+                        *s += v;
+                        *c += 1;
+                    }
+                    None => window.2.push((k, v, 1)),
                 }
             }
         }
@@ -559,10 +702,12 @@ pub fn train_with_hook(
                 step: state.global_step,
                 epoch: epoch_f,
                 loss: window.1 / n,
+                // Each term's mean over the steps that have it (on-policy terms are absent
+                // from steps without on-policy rows).
                 terms: window
                     .2
                     .iter()
-                    .map(|(k, v)| (k.to_string(), v / n))
+                    .map(|(k, v, c)| (k.to_string(), v / (*c).max(1) as f64))
                     .collect(),
                 learning_rate: lr,
                 grad_norm: norm,

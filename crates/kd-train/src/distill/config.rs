@@ -428,6 +428,18 @@ pub struct DistillConfig {
     pub logits_transfer_backend: TransferBackend,
     /// Beyond ROLL: the student distribution in top-k mode (`renormalized` = ROLL's).
     pub sparse_student: SparseStudent,
+    /// Beyond ROLL: on-policy distillation (GKD): the share λ of every step's rows the
+    /// student completes itself (sampled with the weights of the step), scored by the teacher
+    /// and learned through `distill_loss_weight ·` KD on the completion only (0 = off). TRL's
+    /// `lmbda` is accepted as its alias.
+    pub on_policy_ratio: f64,
+    /// Beyond ROLL: the student's sampling temperature for on-policy rows (0 = greedy).
+    pub on_policy_temperature: f32,
+    /// Beyond ROLL: the student's top-p for on-policy rows.
+    pub on_policy_top_p: f32,
+    /// Beyond ROLL: tokens the student samples at most per on-policy row (TRL's default
+    /// 128).
+    pub on_policy_max_new_tokens: usize,
     /// Beyond ROLL: remove an earlier run's checkpoints and logs from `output_dir` (and
     /// `logging_dir`) before starting; the teacher cache is kept.
     pub overwrite_output_dir: bool,
@@ -469,6 +481,10 @@ impl Default for DistillConfig {
             sequence_length: 2048,
             logits_transfer_backend: TransferBackend::IpcNccl,
             sparse_student: SparseStudent::Renormalized,
+            on_policy_ratio: 0.0,
+            on_policy_temperature: 1.0,
+            on_policy_top_p: 1.0,
+            on_policy_max_new_tokens: 128,
             overwrite_output_dir: false,
             student: WorkerConfig::default(),
             teacher: WorkerConfig::default(),
@@ -528,6 +544,36 @@ impl DistillConfig {
             ));
         }
         self.kd_config().validate()?;
+        if !(0.0..=1.0).contains(&self.on_policy_ratio) {
+            return bad(format!(
+                "`on_policy_ratio` (TRL's `lmbda`) must lie in [0, 1], got {}",
+                self.on_policy_ratio
+            ));
+        }
+        if self.on_policy_ratio > 0.0 {
+            if self.distill_loss_weight == 0.0 {
+                return bad(
+                    "`on_policy_ratio` > 0: the student's own completions learn through the KD \
+                     term only, and `distill_loss_weight: 0` switches it off; set it above 0"
+                        .into(),
+                );
+            }
+            if self.on_policy_max_new_tokens == 0 {
+                return bad("`on_policy_max_new_tokens` must be at least 1".into());
+            }
+            if !(self.on_policy_temperature >= 0.0 && self.on_policy_temperature.is_finite()) {
+                return bad(format!(
+                    "`on_policy_temperature` must be ≥ 0, got {}",
+                    self.on_policy_temperature
+                ));
+            }
+            if !(self.on_policy_top_p > 0.0 && self.on_policy_top_p <= 1.0) {
+                return bad(format!(
+                    "`on_policy_top_p` must lie in (0, 1], got {}",
+                    self.on_policy_top_p
+                ));
+            }
+        }
         if self.logging_steps == 0 {
             return bad("`logging_steps` must be positive".into());
         }

@@ -9,6 +9,12 @@
 //!   warning naming it and is ignored;
 //! - a key that exists in neither is an error naming the nearest valid key (ROLL silently
 //!   ignores typos; we do not).
+//!
+//! TRL's `GKDConfig` names are accepted at the top level as aliases: `lmbda` (the share of
+//! on-policy rows) is `on_policy_ratio`; `beta` (the generalised JSD's interpolation) selects
+//! `kd_objective` — 0 is `forward_kl`, 0.5 `js_divergence`, 1 `reverse_kl` (other values have
+//! no objective here: an error says so); `seq_kd: false` is the default and `seq_kd: true`
+//! (training on the teacher's generations) is refused with the pipeline that does it.
 
 use std::path::{Path, PathBuf};
 
@@ -108,6 +114,7 @@ pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<LoadedConfig> {
             top,
         );
     }
+    trl_aliases(&mut kept).map_err(err)?;
     check_keys(&mut kept, &schema, "", &mut warnings).map_err(err)?;
     resolve(&mut kept, &resolver, "", 0).map_err(err)?;
     let text = serde_yaml::to_string(&kept).expect("a YAML value serialises");
@@ -121,6 +128,67 @@ pub fn load(file: Option<&Path>, overrides: &[String]) -> Result<LoadedConfig> {
         warnings,
         source: file.map(Path::to_path_buf),
     })
+}
+
+/// Rewrites TRL's `GKDConfig` names (`lmbda`, `beta`, `seq_kd`) into this pipeline's keys.
+fn trl_aliases(root: &mut Value) -> std::result::Result<(), String> {
+    let Some(map) = root.as_mapping_mut() else {
+        return Ok(());
+    };
+    if let Some(v) = map.remove("lmbda") {
+        if map.contains_key("on_policy_ratio") {
+            return Err(
+                "`lmbda` (TRL's name) and `on_policy_ratio` are the same setting: give one".into(),
+            );
+        }
+        map.insert("on_policy_ratio".into(), v);
+    }
+    if let Some(v) = map.remove("beta") {
+        if map.contains_key("kd_objective") {
+            return Err(
+                "`beta` (TRL's generalised-JSD interpolation) chooses `kd_objective`: \
+                        give one of them"
+                    .into(),
+            );
+        }
+        let beta = v
+            .as_f64()
+            .ok_or_else(|| format!("`beta`: expected a number, got {}", yaml_text(&v)))?;
+        let objective = if beta == 0.0 {
+            "forward_kl"
+        } else if beta == 0.5 {
+            "js_divergence"
+        } else if beta == 1.0 {
+            "reverse_kl"
+        } else {
+            return Err(format!(
+                "`beta: {beta}`: TRL's generalised JSD is implemented here for β = 0 \
+                 (forward_kl), 0.5 (js_divergence) and 1 (reverse_kl); for another mixture use \
+                 `kd_objective: skewed_forward_kl` or `skewed_reverse_kl` with `skew_lambda`"
+            ));
+        };
+        map.insert("kd_objective".into(), objective.into());
+    }
+    if let Some(v) = map.remove("seq_kd") {
+        match v.as_bool() {
+            Some(false) => {}
+            Some(true) => {
+                return Err(
+                    "`seq_kd: true` (train on the teacher's generations) is not done by \
+                            the distill pipeline, which trains on the dataset's answers: the \
+                            speculator pipeline trains on the teacher's generations"
+                        .into(),
+                );
+            }
+            None => {
+                return Err(format!(
+                    "`seq_kd`: expected true or false, got {}",
+                    yaml_text(&v)
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The configuration as YAML, every key with its value (what `--dry_run` prints).
@@ -487,6 +555,51 @@ mod tests {
             cfg.student.training_args.lr_scheduler_type,
             super::super::config::LrScheduler::Linear
         );
+    }
+
+    #[test]
+    fn trls_gkd_names_are_aliases() {
+        use kd_loss::KdObjective;
+        let c = load_str("lmbda: 0.5\nbeta: 0.5\nseq_kd: false\n", &[])
+            .unwrap()
+            .config;
+        assert_eq!(c.on_policy_ratio, 0.5);
+        assert_eq!(c.kd_objective, KdObjective::JsDivergence);
+        for (beta, objective) in [
+            ("0", KdObjective::ForwardKl),
+            ("0.0", KdObjective::ForwardKl),
+            ("1", KdObjective::ReverseKl),
+        ] {
+            let c = load_str(&format!("beta: {beta}\n"), &[]).unwrap().config;
+            assert_eq!(c.kd_objective, objective, "beta {beta}");
+        }
+        // Overrides name the alias too.
+        let c = load_str("", &["+lmbda=1.0"]).unwrap().config;
+        assert_eq!(c.on_policy_ratio, 1.0);
+        let e = load_str("beta: 0.3\n", &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("`beta: 0.3`") && e.contains("skewed_forward_kl"),
+            "{e}"
+        );
+        let e = load_str("lmbda: 0.5\non_policy_ratio: 0.5\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("give one"), "{e}");
+        let e = load_str("beta: 0\nkd_objective: tv_distance\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`beta`") && e.contains("`kd_objective`"), "{e}");
+        let e = load_str("seq_kd: true\n", &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("`seq_kd: true`") && e.contains("speculator"),
+            "{e}"
+        );
+        let e = load_str("lmbda: 1.5\n", &[])
+            .unwrap()
+            .config
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("`lmbda`"), "{e}");
     }
 
     #[test]

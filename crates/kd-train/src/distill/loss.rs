@@ -7,13 +7,13 @@
 
 use burn::tensor::Tensor;
 use kd_data::Batch;
-use kd_loss::{KdConfig, LossStats, next_token_targets};
-use kd_model::{ForwardOptions, HiddenStates, Llama};
+use kd_loss::{KdConfig, LossStats};
+use kd_model::Llama;
 use kd_teacher::Scores;
 
 use crate::error::Result;
-use crate::kd_term::{counted_positions, topk_kd};
-use crate::trainer::{StepLoss, StepLossFn, TrainModel, token_batch};
+use crate::kd_term::{FinalHidden, counted_positions, final_hidden, topk_kd};
+use crate::trainer::{StepLoss, StepLossFn, TrainModel};
 
 /// The loss of one micro-batch of the distill pipeline.
 pub struct DistillLoss<'a> {
@@ -62,23 +62,14 @@ fn terms(
     normalizer: f32,
     dropout_seed: Option<u64>,
 ) -> Result<(Tensor<1>, LossStats, LossStats)> {
-    let last = llama.layers.len();
-    let opts = ForwardOptions {
-        logits: false,
-        hidden_states: HiddenStates::Layers(vec![last]),
-        dropout_seed,
-        ..ForwardOptions::default()
-    };
-    let out = llama.forward(&token_batch(batch)?, &opts)?;
-    let hidden = out.hidden_state(last).expect("requested").clone();
-    let [b, s, d] = hidden.dims();
-    let shifted = next_token_targets(&batch.labels, b, s);
-    let flat = hidden.reshape([b * s, d]);
+    let FinalHidden {
+        flat, shifted, seq, ..
+    } = final_hidden(llama, batch, dropout_seed, &[])?;
     if shifted.count == 0 {
         // Nothing counted: a zero that still reaches the graph.
         return Ok((flat.sum() * 0.0, LossStats::default(), LossStats::default()));
     }
-    let counted = counted_positions(batch, &shifted.mask, s, None)?;
+    let counted = counted_positions(batch, &shifted.mask, seq, None)?;
     let out = topk_kd(
         flat,
         llama.lm_head_weight(),
@@ -117,7 +108,11 @@ impl StepLossFn for DistillLoss<'_> {
             ("kd_alpha", kd.acceptance_sum / n),
             ("kd_top1", kd.top1_matches as f64 / n),
         ];
-        Ok(StepLoss { total, terms })
+        Ok(StepLoss {
+            total,
+            terms,
+            kd: Some(kd),
+        })
     }
 }
 

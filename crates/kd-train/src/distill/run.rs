@@ -29,7 +29,8 @@ use crate::checkpoint::step_checkpoints;
 use crate::config::{SchedulerType, TrainConfig, TrainMode};
 use crate::error::{Result, TrainError};
 use crate::metrics::{LogRecord, TensorBoard, TrainObserver};
-use crate::trainer::{RunInfo, StepHook, TrainModel, TrainSummary, train_with_hook};
+use crate::on_policy::{OnPolicy, OnPolicyConfig};
+use crate::trainer::{RunInfo, StepHook, TrainModel, TrainSummary, train_on_policy};
 use crate::vocab::{VocabDifference, vocab_difference};
 
 /// The stages of a run, in order.
@@ -757,7 +758,21 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
         let v = validator.validate(0, &llama)?;
         shared.borrow_mut().on_validation(&v);
     }
-    let (_, train_summary) = train_with_hook(
+    let on_policy = OnPolicy {
+        config: OnPolicyConfig {
+            ratio: config.on_policy_ratio,
+            temperature: config.on_policy_temperature,
+            top_p: config.on_policy_top_p,
+            top_k: 0,
+            max_new_tokens: config.on_policy_max_new_tokens,
+            max_seq_length: config.sequence_length,
+            teacher_top_k: top_k,
+            kd,
+            kd_weight: config.distill_loss_weight,
+        },
+        teacher: teacher.as_ref(),
+    };
+    let (_, train_summary) = train_on_policy(
         &tconfig,
         &info,
         TrainModel {
@@ -768,6 +783,7 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
         &loss,
         &mut metrics,
         &mut validator,
+        Some(&on_policy),
     )?;
     if let Some(e) = metrics.error.take() {
         return Err(e);

@@ -73,8 +73,9 @@ pub struct SpeculatorConfig {
     // --- Beyond the seed ---
     /// Weight of a token-level KD term over the target's top-k log-probs (0 = off).
     pub kd_weight: f64,
-    /// The divergence of that term.
-    pub kd_objective: KdObjective,
+    /// The divergence of that term (default: `tv_distance` with on-policy rows, whose
+    /// minimiser is the sampling acceptance; `forward_kl` otherwise).
+    pub kd_objective: Option<KdObjective>,
     /// Log-probs the target records per position for it.
     pub kd_topk: usize,
     /// A remote teacher (SGLang `/generate` or an OpenAI-compatible `/v1/completions`)
@@ -130,6 +131,19 @@ pub struct SpeculatorConfig {
     pub distill_target_layer: Option<usize>,
     /// Modules that get LoRA adapters.
     pub lora_target_modules: Vec<String>,
+    /// On-policy distillation (DistillSpec / GKD): the share λ of every step's rows that the
+    /// draft completes itself, scored by the target and learned through the KD term (0 = off,
+    /// 1 = only on-policy rows).
+    pub on_policy_ratio: f64,
+    /// The draft's sampling temperature for on-policy rows (0 = greedy).
+    pub on_policy_temperature: f32,
+    /// The draft's top-p for on-policy rows.
+    pub on_policy_top_p: f32,
+    /// Tokens the draft samples at most per on-policy row (default: `max_new_tokens`).
+    pub on_policy_max_new_tokens: Option<usize>,
+    /// Where the target's generations and scores are cached (default:
+    /// `output_dir/teacher_cache`); runs sharing one reuse each other's teacher work.
+    pub teacher_cache_dir: Option<PathBuf>,
     /// AdamW weight decay.
     pub weight_decay: f64,
     /// Clip the global gradient norm to this (0 = off).
@@ -183,7 +197,7 @@ impl Default for SpeculatorConfig {
             logging_steps: 10,
             max_samples: None,
             kd_weight: 0.0,
-            kd_objective: KdObjective::ForwardKl,
+            kd_objective: None,
             kd_topk: 20,
             teacher_url: None,
             teacher_api: RemoteApi::Sglang,
@@ -221,11 +235,31 @@ impl Default for SpeculatorConfig {
             .to_vec(),
             weight_decay: 0.01,
             max_grad_norm: 1.0,
+            on_policy_ratio: 0.0,
+            on_policy_temperature: 1.0,
+            on_policy_top_p: 1.0,
+            on_policy_max_new_tokens: None,
+            teacher_cache_dir: None,
         }
     }
 }
 
 impl SpeculatorConfig {
+    /// The KD objective: the one given, else `tv_distance` with on-policy rows and
+    /// `forward_kl` without.
+    pub fn kd_objective(&self) -> KdObjective {
+        self.kd_objective.unwrap_or(if self.on_policy_ratio > 0.0 {
+            KdObjective::TvDistance
+        } else {
+            KdObjective::ForwardKl
+        })
+    }
+
+    /// Tokens the draft samples at most per on-policy row.
+    pub fn on_policy_max_new_tokens(&self) -> usize {
+        self.on_policy_max_new_tokens.unwrap_or(self.max_new_tokens)
+    }
+
     /// Reads a YAML file (keys = flag names; unknown keys are errors naming the key).
     pub fn from_yaml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
@@ -358,6 +392,44 @@ impl SpeculatorConfig {
         }
         if self.kd_weight > 0.0 && self.kd_topk == 0 {
             return bad("--kd_topk must be at least 1 when --kd_weight > 0".into());
+        }
+        if !(0.0..=1.0).contains(&self.on_policy_ratio) {
+            return bad(format!(
+                "--on_policy_ratio must lie in [0, 1], got {}",
+                self.on_policy_ratio
+            ));
+        }
+        if self.on_policy_ratio > 0.0 {
+            if self.kd_weight == 0.0 {
+                return bad(
+                    "--on_policy_ratio > 0: the draft's own completions learn through the KD \
+                     term only; set --kd_weight (e.g. 1.0)"
+                        .into(),
+                );
+            }
+            if self.teacher_url.is_some() && self.teacher_api == RemoteApi::Llamacpp {
+                return bad(
+                    "--on_policy_ratio > 0 needs a teacher that scores the draft's completions; \
+                     llama.cpp's server returns no prompt log-probs: use --teacher_api sglang or \
+                     openai (vLLM), or the target in this process"
+                        .into(),
+                );
+            }
+            if self.on_policy_max_new_tokens == Some(0) {
+                return bad("--on_policy_max_new_tokens must be at least 1".into());
+            }
+            if !(self.on_policy_temperature >= 0.0 && self.on_policy_temperature.is_finite()) {
+                return bad(format!(
+                    "--on_policy_temperature must be ≥ 0, got {}",
+                    self.on_policy_temperature
+                ));
+            }
+            if !(self.on_policy_top_p > 0.0 && self.on_policy_top_p <= 1.0) {
+                return bad(format!(
+                    "--on_policy_top_p must lie in (0, 1], got {}",
+                    self.on_policy_top_p
+                ));
+            }
         }
         for (flag, t) in [
             ("generation_temperature", self.generation_temperature),

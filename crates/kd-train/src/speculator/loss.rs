@@ -5,13 +5,12 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use kd_data::Batch;
-use kd_loss::{KdConfig, KdObjective, hidden_mse, linear_cross_entropy, next_token_targets};
-use kd_model::{ForwardOptions, HiddenStates};
+use kd_loss::{KdConfig, KdObjective, hidden_mse, linear_cross_entropy};
 use kd_teacher::Scores;
 
 use crate::error::{Result, TrainError};
-use crate::kd_term::{counted_positions, topk_kd};
-use crate::trainer::{StepLoss, StepLossFn, TrainModel, token_batch};
+use crate::kd_term::{FinalHidden, counted_positions, final_hidden, topk_kd};
+use crate::trainer::{StepLoss, StepLossFn, TrainModel};
 
 /// What the target recorded for the training examples, aligned with them.
 pub struct TeacherTargets<'a> {
@@ -65,25 +64,24 @@ impl StepLossFn for SpeculatorLoss<'_> {
         let llama = &model.llama;
         let last = llama.layers.len();
         let hidden_wanted = self.distillation_weight > 0.0;
-        let mut layers = vec![last];
-        if hidden_wanted && self.draft_layer != last {
-            layers.push(self.draft_layer);
-        }
-        let opts = ForwardOptions {
-            logits: false,
-            hidden_states: HiddenStates::Layers(layers),
-            dropout_seed: Some(dropout_seed),
-            ..ForwardOptions::default()
+        let extra: &[usize] = if hidden_wanted {
+            &[self.draft_layer]
+        } else {
+            &[]
         };
-        let out = llama.forward(&token_batch(batch)?, &opts)?;
-        let final_hidden = out.hidden_state(last).expect("requested").clone();
-        let [b, s, d] = final_hidden.dims();
-        let shifted = next_token_targets(&batch.labels, b, s);
-        let flat = final_hidden.reshape([b * s, d]);
+        let FinalHidden {
+            out,
+            flat,
+            shifted,
+            seq: s,
+        } = final_hidden(llama, batch, Some(dropout_seed), extra)?;
+        let d = flat.dims()[1];
+        let b = batch.batch_size;
         let device = flat.device();
 
         let mut total: Option<Tensor<1>> = None;
         let mut terms = Vec::new();
+        let mut kd_stats = None;
         let mut add = |t: Tensor<1>, name: &'static str, value: f64| {
             total = Some(match total.take() {
                 Some(acc) => acc + t,
@@ -155,11 +153,16 @@ impl StepLossFn for SpeculatorLoss<'_> {
                     None,
                 )?;
                 let value = kd.kd.loss_sum / normalizer as f64 * self.kd_weight;
+                kd_stats = Some(kd.kd);
                 add(kd.loss, "kd_loss", value);
             }
         }
         // Nothing counted in this micro-batch: a zero that still reaches the graph.
         let total = total.unwrap_or_else(|| flat.sum() * 0.0);
-        Ok(StepLoss { total, terms })
+        Ok(StepLoss {
+            total,
+            terms,
+            kd: kd_stats,
+        })
     }
 }

@@ -37,7 +37,10 @@ pub use config::{SpeculatorConfig, default_draft_devices, default_target_devices
 pub use data::{Examples, PromptSet, build_examples, eval_count, load_prompts};
 pub use loss::{SpeculatorLoss, TeacherTargets};
 pub use observe::{Phase, Quiet, SpeculatorObserver};
-pub use run::{SpeculatorSummary, eval_options, generation_params, lora_config, run, train_config};
+pub use run::{
+    SpeculatorSummary, eval_options, generation_params, lora_config, on_policy_config, run,
+    train_config,
+};
 pub use setup::{
     ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, TEACHER_CACHE_DIR, check_output_dir,
     check_vocabularies, setup, teacher_cache_dir,

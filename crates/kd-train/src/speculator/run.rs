@@ -18,6 +18,7 @@ use kd_teacher::{
 use crate::config::{TrainConfig, TrainMode};
 use crate::error::{Result, TrainError};
 use crate::metrics::{LogRecord, TensorBoard};
+use crate::on_policy::{OnPolicy, OnPolicyConfig};
 use crate::speculator::acceptance::{
     AcceptanceFile, CheckpointAcceptance, CheckpointEval, TrainingWatcher, log_acceptance,
     read_acceptance, write_acceptance, write_best,
@@ -29,7 +30,7 @@ use crate::speculator::observe::{Phase, SpeculatorObserver};
 use crate::speculator::setup::{
     ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup, teacher_cache_dir,
 };
-use crate::trainer::{RunInfo, TrainModel, TrainSummary, train};
+use crate::trainer::{NoHook, RunInfo, TrainModel, TrainSummary, train_on_policy};
 
 /// How a run went.
 #[derive(Debug, Clone, PartialEq)]
@@ -191,6 +192,21 @@ pub fn train_config(config: &SpeculatorConfig) -> TrainConfig {
     }
 }
 
+/// The on-policy settings of a run (λ = 0: none).
+pub fn on_policy_config(config: &SpeculatorConfig) -> OnPolicyConfig {
+    OnPolicyConfig {
+        ratio: config.on_policy_ratio,
+        temperature: config.on_policy_temperature,
+        top_p: config.on_policy_top_p,
+        top_k: 0,
+        max_new_tokens: config.on_policy_max_new_tokens(),
+        max_seq_length: config.max_seq_length,
+        teacher_top_k: config.kd_topk,
+        kd: SpeculatorLoss::kd_config(config.kd_objective(), config.temperature, config.kd_topk),
+        kd_weight: config.kd_weight,
+    }
+}
+
 /// Runs the pipeline.
 pub fn run(
     config: &SpeculatorConfig,
@@ -282,8 +298,9 @@ pub fn run(
     }
     timer.end(Phase::Generate);
 
-    // The target's hidden states and top-k log-probs, when a loss term needs them.
-    let scores = if config.use_distillation || config.kd_weight > 0.0 {
+    // The target's hidden states and top-k log-probs, when a loss term of the off-policy rows
+    // needs them.
+    let scores = if config.use_distillation || off_policy_kd(config) {
         observer.on_phase(Phase::Score);
         let s = score(config, &setup, &teacher, &examples, &generations, observer)?;
         timer.end(Phase::Score);
@@ -381,7 +398,7 @@ pub fn run(
             .distill_draft_layer
             .unwrap_or(draft.config().num_hidden_layers),
         kd_weight: config.kd_weight,
-        kd: SpeculatorLoss::kd_config(config.kd_objective, config.temperature, config.kd_topk),
+        kd: SpeculatorLoss::kd_config(config.kd_objective(), config.temperature, config.kd_topk),
         teacher: scores.as_deref().map(|s| TeacherTargets {
             scores: s,
             offsets: &examples.offsets,
@@ -404,7 +421,11 @@ pub fn run(
                 error: None,
             }),
     };
-    let (trained, train_summary) = train(
+    let on_policy = OnPolicy {
+        config: on_policy_config(config),
+        teacher: teacher.teacher(),
+    };
+    let (trained, train_summary) = train_on_policy(
         &train_config(config),
         &info,
         TrainModel {
@@ -414,6 +435,8 @@ pub fn run(
         &examples.examples,
         &loss,
         &mut wrapper,
+        &mut NoHook,
+        Some(&on_policy),
     )?;
     let last_log = wrapper.last_log.take();
     let checkpoint_results = match wrapper.eval.take() {
@@ -505,7 +528,7 @@ fn score(
         })
         .collect();
     let options = ScoreOptions {
-        top_k: if config.kd_weight > 0.0 {
+        top_k: if off_policy_kd(config) {
             config.kd_topk
         } else {
             1
@@ -531,6 +554,11 @@ fn score(
     Ok(cache.score(teacher.teacher(), &sequences, |p| {
         observer.on_teacher_progress(Phase::Score, &p, total)
     })?)
+}
+
+/// Whether the off-policy rows have a KD term (they need the target's top-k).
+fn off_policy_kd(config: &SpeculatorConfig) -> bool {
+    config.kd_weight > 0.0 && config.on_policy_ratio < 1.0
 }
 
 struct PhaseTimer {

@@ -254,5 +254,8 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
 
 /// Where the teacher cache of a run lives.
 pub fn teacher_cache_dir(config: &SpeculatorConfig) -> PathBuf {
-    config.output_dir.join(TEACHER_CACHE_DIR)
+    config
+        .teacher_cache_dir
+        .clone()
+        .unwrap_or_else(|| config.output_dir.join(TEACHER_CACHE_DIR))
 }

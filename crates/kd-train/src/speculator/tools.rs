@@ -12,9 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, TrainError};
 use crate::speculator::config::SpeculatorConfig;
 use crate::speculator::run::{eval_options, generation_params, lora_config, train_config};
-use crate::speculator::setup::{
-    TEACHER_CACHE_DIR, check_vocabularies, is_model_dir, setup, teacher_cache_dir,
-};
+use crate::speculator::setup::{check_vocabularies, is_model_dir, setup, teacher_cache_dir};
 
 /// What `speculator eval` measures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -379,12 +377,27 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
         loss.push_str(&format!(
             " + {} · {} over the target's top-{} at temperature {}",
             config.kd_weight,
-            config.kd_objective.name(),
+            config.kd_objective().name(),
             config.kd_topk,
             config.temperature
         ));
     }
     put("loss", loss);
+    if config.on_policy_ratio > 0.0 {
+        put(
+            "on-policy",
+            format!(
+                "{:.0}% of each step's rows completed by the draft (temperature {}, top-p {}, \
+                 ≤ {} tokens), scored by the target, learned by {} · {} only",
+                config.on_policy_ratio * 100.0,
+                config.on_policy_temperature,
+                config.on_policy_top_p,
+                config.on_policy_max_new_tokens(),
+                config.kd_weight,
+                config.kd_objective().name(),
+            ),
+        );
+    }
     put(
         "acceptance",
         if p.eval.is_empty() || s.target_config.is_none() {
@@ -413,10 +426,11 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
         "output",
         format!(
             "{}: checkpoint-N/ (every {} steps, {} kept), checkpoint-epoch-E/, training_log.txt, \
-             runs/, acceptance.json, {TEACHER_CACHE_DIR}/",
+             runs/, acceptance.json; teacher cache {}",
             config.output_dir.display(),
             config.save_steps,
-            config.save_total_limit
+            config.save_total_limit,
+            teacher_cache_dir(config).display()
         ),
     );
     Ok(Plan {

@@ -156,6 +156,60 @@ fn a_resumed_run_ends_with_the_bytes_of_an_uninterrupted_one() {
     assert_eq!(s.scored_sequences, 0, "the resumed run scored again");
 }
 
+/// On-policy rows (TRL's `lmbda` = 0.5, `beta` = 0.5 → JSD): the student completes the
+/// questions itself, the teacher scores its answers, validation still runs, and a resumed run
+/// samples what the uninterrupted one sampled.
+#[test]
+fn on_policy_rows_train_and_resume_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [
+        "max_steps=8".to_string(),
+        "save_steps=4".into(),
+        "logging_steps=1".into(),
+        "+lmbda=0.5".into(),
+        "~kd_objective".into(),
+        "+beta=0.5".into(),
+        "on_policy_max_new_tokens=12".into(),
+        "student.model_args.lora_dropout=0.1".into(),
+    ];
+    let c = demo(dir.path(), &extra).config;
+    assert_eq!(
+        (c.on_policy_ratio, c.kd_objective),
+        (0.5, KdObjective::JsDivergence)
+    );
+    let full = run_quiet(&c);
+    let totals = full.train.on_policy.clone().expect("on-policy totals");
+    let rows = full.train.global_step
+        * c.student.training_args.per_device_train_batch_size
+        * c.student.training_args.gradient_accumulation_steps;
+    let share = totals.rows as f64 / rows as f64;
+    assert!((0.3..0.7).contains(&share), "on-policy share {share}");
+    assert!(totals.generated_tokens > 0 && totals.generated_tokens <= 12 * totals.rows);
+    let log = full.last_log.clone().unwrap();
+    let term = |k: &str| log.terms.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+    assert!(term("on_policy_fraction").is_some());
+    assert!(term("train_distill_loss").is_some(), "{:?}", log.terms);
+    assert!(!full.validations.is_empty());
+    let last = dir.path().join("checkpoint-8");
+    let adapter = std::fs::read(last.join("adapter_model.safetensors")).unwrap();
+    std::fs::remove_dir_all(&last).unwrap();
+    let mut resumed = demo(dir.path(), &extra).config;
+    resumed.resume_from_checkpoint = ResumeFrom::Latest;
+    let s = run_quiet(&resumed);
+    assert_eq!(s.train.global_step, 8);
+    assert_eq!(
+        std::fs::read(last.join("adapter_model.safetensors")).unwrap(),
+        adapter,
+        "the resumed on-policy run's adapter differs"
+    );
+    // A different λ is a different run: resuming it is refused with the difference.
+    let mut other = demo(dir.path(), &extra).config;
+    other.on_policy_ratio = 0.25;
+    other.resume_from_checkpoint = ResumeFrom::Latest;
+    let e = run(&other, &mut QuietDistill).unwrap_err().to_string();
+    assert!(e.contains("on_policy"), "{e}");
+}
+
 #[test]
 fn rolls_example_yaml_parses_and_its_fixture_twin_runs() {
     let roll = load(

@@ -168,6 +168,7 @@ impl StepLossFn for NanLoss {
         Ok(StepLoss {
             total: l.total * nan,
             terms: vec![("ce_loss", f64::NAN)],
+            kd: None,
         })
     }
 }

@@ -220,6 +220,149 @@ fn a_resumed_run_ends_with_the_bytes_of_an_uninterrupted_one() {
     }
 }
 
+/// The `term` of every logged record of a finished run (from the last checkpoint's
+/// `trainer_state.json`).
+fn logged(checkpoint: &Path, term: &str) -> Vec<f64> {
+    let history: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(checkpoint.join("trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    history["log_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            r["terms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t[0] == term)
+                .and_then(|t| t[1].as_f64())
+        })
+        .collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// Only on-policy rows (λ = 1): the draft learns from its own completions alone (no
+/// cross-entropy row is left), so the fall of their KD and the rise of α come from the
+/// on-policy path.
+#[test]
+fn on_policy_rows_alone_teach_the_draft() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SpeculatorConfig {
+        num_epochs: 2,
+        eval_fraction: 0.0,
+        kd_weight: 1.0,
+        kd_objective: Some(kd_loss::KdObjective::ForwardKl),
+        temperature: 1.0,
+        on_policy_ratio: 1.0,
+        on_policy_max_new_tokens: Some(16),
+        logging_steps: 1,
+        ..small(dir.path())
+    };
+    let summary = run(&config, &mut Record::default()).unwrap();
+    let totals = summary.train.on_policy.clone().expect("on-policy totals");
+    assert_eq!(totals.rows, config.num_epochs * summary.prompts.1);
+    assert!(totals.generated_tokens > 0 && totals.generated_tokens <= totals.rows * 16);
+    let last = dir.path().join("checkpoint-epoch-1");
+    assert!(
+        logged(&last, "ce_loss").is_empty(),
+        "no off-policy row is left"
+    );
+    assert!(
+        logged(&last, "on_policy_fraction")
+            .iter()
+            .all(|f| *f == 1.0)
+    );
+    let kd = logged(&last, "kd_on_policy");
+    let alpha = logged(&last, "on_policy_alpha");
+    let third = kd.len() / 3;
+    let (first, end) = (mean(&kd[..third]), mean(&kd[kd.len() - third..]));
+    assert!(
+        end < 0.9 * first,
+        "the KD of on-policy rows did not fall: {first:.4} → {end:.4}"
+    );
+    let (a0, a1) = (mean(&alpha[..third]), mean(&alpha[alpha.len() - third..]));
+    assert!(
+        a1 > a0 + 0.01,
+        "α on on-policy rows did not rise: {a0:.4} → {a1:.4}"
+    );
+}
+
+/// On-policy rows (λ = 0.5, the default objective TV distance) beside off-policy ones: the
+/// metrics keep them apart, and a run resumed from its epoch checkpoint samples what the
+/// uninterrupted run sampled and ends with the same bytes.
+#[test]
+fn a_resumed_on_policy_run_samples_what_the_uninterrupted_one_sampled() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full");
+    let config = SpeculatorConfig {
+        num_epochs: 2,
+        eval_fraction: 0.0,
+        kd_weight: 1.0,
+        on_policy_ratio: 0.5,
+        on_policy_max_new_tokens: Some(16),
+        lora_dropout: 0.1,
+        logging_steps: 1,
+        ..small(&full)
+    };
+    assert_eq!(config.kd_objective(), kd_loss::KdObjective::TvDistance);
+    let summary = run(&config, &mut Record::default()).unwrap();
+    let totals = summary.train.on_policy.clone().expect("on-policy totals");
+    // Every training prompt once per epoch, a share λ of them on-policy on average.
+    let share = totals.rows as f64 / (config.num_epochs * summary.prompts.1) as f64;
+    assert!((share - 0.5).abs() < 0.1, "on-policy share {share}");
+    assert!(totals.scored_tokens > totals.generated_tokens);
+    let last = full.join("checkpoint-epoch-1");
+    for k in [
+        "on_policy_fraction",
+        "kd_on_policy",
+        "kd_off_policy",
+        "on_policy_alpha",
+        "on_policy_top1",
+        "on_policy_generation_tokens_per_second",
+        "on_policy_scoring_tokens_per_second",
+        "ce_loss",
+    ] {
+        assert!(!logged(&last, k).is_empty(), "no {k} logged");
+    }
+    assert!(
+        logged(&last, "on_policy_alpha")
+            .iter()
+            .all(|a| (0.0..=1.0).contains(a))
+    );
+
+    let cut = dir.path().join("cut");
+    copy_dir(&full, &cut);
+    std::fs::remove_dir_all(cut.join("checkpoint-epoch-1")).unwrap();
+    let resumed = SpeculatorConfig {
+        output_dir: cut.clone(),
+        resume_from_checkpoint: Some("latest".into()),
+        ..config.clone()
+    };
+    let again = run(&resumed, &mut Record::default()).unwrap();
+    let second = again.train.on_policy.expect("on-policy totals");
+    assert!(second.rows > 0 && second.rows < totals.rows);
+    for f in [
+        "adapter_model.safetensors",
+        "training_state/optimizer.safetensors",
+    ] {
+        let a = std::fs::read(full.join("checkpoint-epoch-1").join(f)).unwrap();
+        let b = std::fs::read(cut.join("checkpoint-epoch-1").join(f)).unwrap();
+        assert!(a == b, "{f} differs after resuming an on-policy run");
+    }
+    // A different λ is another run: resuming it is refused.
+    let other = SpeculatorConfig {
+        on_policy_ratio: 0.25,
+        ..resumed
+    };
+    let e = run(&other, &mut Record::default()).unwrap_err().to_string();
+    assert!(e.contains("on_policy"), "{e}");
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
