@@ -8,6 +8,10 @@
 //!   target (λ = 0.5);
 //! - (d) only such rows (λ = 1).
 //!
+//! Every draft-written row is cut to the length of the target-written row it replaces
+//! (`on_policy_match_length`), so the target supervises at most as many tokens in (c) and (d)
+//! as in (a) and (b).
+//!
 //! Each arm's draft is measured before and after training by real speculative decoding on
 //! the held-out prompts (k from the configuration, 4 in the bundled ones), greedy and sampling
 //! at temperature 1. The arms share one teacher cache, so the target generates and scores
@@ -102,7 +106,10 @@ struct Outcome {
 
 fn overrides(args: &Args, arm: &Arm, out: &Path) -> Result<serde_json::Map<String, Value>> {
     let mut m = serde_json::Map::new();
-    m.insert("output_dir".into(), json!(out.join(format!("arm-{}", arm.name))));
+    m.insert(
+        "output_dir".into(),
+        json!(out.join(format!("arm-{}", arm.name))),
+    );
     m.insert("teacher_cache_dir".into(), json!(out.join("teacher_cache")));
     m.insert("overwrite_output_dir".into(), json!(false));
     m.insert("eval_temperature".into(), json!(0.0));
@@ -113,6 +120,9 @@ fn overrides(args: &Args, arm: &Arm, out: &Path) -> Result<serde_json::Map<Strin
     // T = 1 accepts from.
     m.insert("temperature".into(), json!(1.0));
     m.insert("on_policy_temperature".into(), json!(1.0));
+    // Equal teacher tokens: an on-policy row has at most the label tokens of the row it
+    // replaces.
+    m.insert("on_policy_match_length".into(), json!(true));
     for s in &args.set {
         let (k, v) = s
             .split_once('=')
@@ -137,7 +147,12 @@ fn sampled(config: &SpeculatorConfig, target: &Llama, draft: &Llama) -> Result<A
     )?)
 }
 
-fn run_arm(args: &Args, arm: &Arm, out: &Path, sampled_before: &mut Option<AcceptanceReport>) -> Result<Outcome> {
+fn run_arm(
+    args: &Args,
+    arm: &Arm,
+    out: &Path,
+    sampled_before: &mut Option<AcceptanceReport>,
+) -> Result<Outcome> {
     let yaml = PathBuf::from(format!("examples/speculator/{}.yaml", args.pair));
     let config = SpeculatorConfig::layered(Some(&yaml), overrides(args, arm, out)?)?;
     let dir = &config.output_dir;
@@ -147,7 +162,9 @@ fn run_arm(args: &Args, arm: &Arm, out: &Path, sampled_before: &mut Option<Accep
     std::fs::create_dir_all(dir)?;
     // The draft before training is the same in every arm: the first arm's measurement is
     // reused (the pipeline checks that its settings and prompts match).
-    let first = out.join(format!("arm-{}", ARMS[0].name)).join(ACCEPTANCE_FILE);
+    let first = out
+        .join(format!("arm-{}", ARMS[0].name))
+        .join(ACCEPTANCE_FILE);
     if first.exists() && arm.name != ARMS[0].name {
         std::fs::copy(&first, dir.join(ACCEPTANCE_FILE))?;
     }
@@ -155,6 +172,11 @@ fn run_arm(args: &Args, arm: &Arm, out: &Path, sampled_before: &mut Option<Accep
     let started = Instant::now();
     let summary = run(&config, &mut Quiet)?;
     let seconds = started.elapsed().as_secs_f64();
+    // The run's prompts and devices (its output directory now holds its checkpoints).
+    let config = SpeculatorConfig {
+        overwrite_output_dir: true,
+        ..config
+    };
     let s = setup(&config)?;
     let target = Llama::load_for_inference(&config.target_model, &s.target_devices[0])?;
     let base = Llama::load(&config.draft_model, &s.draft_device)?;
@@ -198,10 +220,17 @@ fn main() -> Result<()> {
     let mut rows = Vec::new();
     let mut records = Vec::new();
     let mut seed = None;
-    for arm in ARMS.iter().filter(|a| args.arms.iter().any(|n| n == a.name)) {
+    for arm in ARMS
+        .iter()
+        .filter(|a| args.arms.iter().any(|n| n == a.name))
+    {
         let o = run_arm(&args, arm, &out, &mut sampled_before)?;
         seed = Some(o.seed);
-        let acc = o.summary.acceptance.as_ref().context("acceptance was not measured")?;
+        let acc = o
+            .summary
+            .acceptance
+            .as_ref()
+            .context("acceptance was not measured")?;
         let (gb, ga) = (
             acc.before.as_ref().context("no acceptance before")?,
             acc.after.as_ref().context("no acceptance after")?,

@@ -287,6 +287,10 @@ pub struct TrainArgs {
     /// Tokens the draft samples at most per on-policy row [default: --max_new_tokens].
     #[arg(long)]
     pub on_policy_max_new_tokens: Option<usize>,
+    /// Cut each on-policy completion to the length of the target's completion it replaces
+    /// (equal label tokens per row, for comparisons at equal teacher tokens).
+    #[arg(long)]
+    pub on_policy_match_length: bool,
     /// Where the target's generations and scores are cached [default:
     /// OUTPUT_DIR/teacher_cache]; runs sharing one reuse each other's teacher work.
     #[arg(long)]

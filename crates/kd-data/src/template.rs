@@ -63,6 +63,14 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &BTreeMap<String, serde_json::Value>,
     ) -> Result<String> {
+        // transformers refuses this before rendering (`apply_chat_template`).
+        if messages.as_array().is_some_and(Vec::is_empty) {
+            return Err(DataError::Template(
+                "cannot apply the chat template to an empty conversation: give at least one \
+                 message"
+                    .into(),
+            ));
+        }
         let tmpl = self
             .env
             .get_template(NAME)

@@ -372,9 +372,54 @@ struct AttnDims {
     d: usize,
 }
 
-fn attention_dims(q: &FlexTensor, k: &FlexTensor) -> AttnDims {
+fn shape(t: &FlexTensor) -> Vec<usize> {
+    t.layout().shape().to_vec()
+}
+
+/// The dimensions of an attention call, after checking that every operand fits them: the
+/// kernels index raw buffers with these dimensions, so a mismatch must stop here (a panic
+/// naming the shapes) rather than reach an unchecked GEMM.
+fn attention_dims(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    job: &AttentionJob,
+    backward: Option<(&FlexTensor, &FlexTensor)>,
+) -> AttnDims {
+    let (qs, ks, vs) = (shape(q), shape(k), shape(v));
+    assert!(
+        qs.len() == 4 && ks.len() == 4 && ks == vs,
+        "masked_attention: q {qs:?}, k {ks:?} and v {vs:?} must be [b, h, s, d], [b, kv, t, d], [b, kv, t, d]"
+    );
     let [b, h, s, d] = dims4(q);
-    let [_, kv, t, _] = dims4(k);
+    let [kb, kv, t, kd] = dims4(k);
+    assert!(
+        kb == b && kd == d && kv > 0 && h % kv == 0,
+        "masked_attention: q {qs:?} and k {ks:?} do not agree (batch, head width, heads a multiple of the K/V heads)"
+    );
+    assert_eq!(
+        job.mask.len(),
+        b * s * t,
+        "masked_attention: the mask must hold [b, s, t] = [{b}, {s}, {t}] entries"
+    );
+    let blocks = s.div_ceil(QUERY_BLOCK);
+    assert!(
+        job.spans.len() == b * blocks && job.spans.iter().all(|(k0, k1)| k0 <= k1 && *k1 <= t),
+        "masked_attention: the key spans must be `key_spans` of the mask ({} blocks of keys 0..{t})",
+        b * blocks
+    );
+    if let Some((probs, dout)) = backward {
+        assert_eq!(
+            shape(probs),
+            [b, h, s, t],
+            "masked_attention_backward: the probabilities' shape"
+        );
+        assert_eq!(
+            shape(dout),
+            qs,
+            "masked_attention_backward: the output gradient's shape"
+        );
+    }
     AttnDims { b, h, kv, s, t, d }
 }
 
@@ -660,11 +705,6 @@ dispatch! {
     }
 }
 
-fn dims2(t: &FlexTensor) -> [usize; 2] {
-    let shape = t.layout().shape().to_vec();
-    shape.try_into().expect("a rank-2 tensor")
-}
-
 /// Whether a product of this size is worth threading inside the GEMM.
 fn threads_for(m: usize, n: usize, k: usize) -> Parallelism {
     if m * n * k >= 1 << 18 {
@@ -828,16 +868,57 @@ fn lora_grads(
     (dx, da, db)
 }
 
-fn lora_dims(x: &FlexTensor, w: &FlexTensor, a: &FlexTensor) -> (usize, usize, usize, usize) {
-    let [n, din] = dims2(x);
-    let [_, dout] = dims2(w);
-    let [_, r] = dims2(a);
-    (n, din, dout, r)
+/// `(n, in, out, r)` of a LoRA projection, after checking that `x [n, in]`, `w [in, out]`,
+/// `a [in, r]`, `b [r, out]` (and the output gradient `[n, out]`) agree: the GEMMs index raw
+/// buffers with these dimensions.
+fn lora_dims(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    a: &FlexTensor,
+    b: &FlexTensor,
+    dout: Option<&FlexTensor>,
+) -> (usize, usize, usize, usize) {
+    let (xs, ws, as_, bs) = (shape(x), shape(w), shape(a), shape(b));
+    assert!(
+        xs.len() == 2 && ws.len() == 2 && as_.len() == 2 && bs.len() == 2,
+        "lora_linear: x {xs:?}, w {ws:?}, a {as_:?}, b {bs:?} must all be matrices"
+    );
+    let (n, din, dout_dim, r) = (xs[0], xs[1], ws[1], as_[1]);
+    assert!(
+        ws[0] == din && as_[0] == din && bs == [r, dout_dim],
+        "lora_linear: x {xs:?}, w {ws:?}, a {as_:?}, b {bs:?} do not form x [n, in] · w [in, out] + x · a [in, r] · b [r, out]"
+    );
+    if let Some(g) = dout {
+        assert_eq!(
+            shape(g),
+            [n, dout_dim],
+            "lora_linear_backward: the output gradient's shape"
+        );
+    }
+    (n, din, dout_dim, r)
+}
+
+/// RMSNorm operands: `gamma` is the last axis of `x` (and the output gradient has `x`'s
+/// shape); the row kernels walk `x` in rows of `gamma`'s length.
+fn check_norm(x: &[usize], gamma: &FlexTensor, dout: Option<&FlexTensor>) {
+    let gs = shape(gamma);
+    assert!(
+        gs.len() == 1 && gs[0] > 0 && x.last() == Some(&gs[0]),
+        "rms_norm: gamma {gs:?} must be the last axis of x {x:?}"
+    );
+    if let Some(g) = dout {
+        assert_eq!(
+            shape(g),
+            x,
+            "rms_norm_backward: the output gradient's shape"
+        );
+    }
 }
 
 impl TrainOpsBackend for Flex {
     fn rms_norm(x: FlexTensor, gamma: FlexTensor, eps: f32) -> FlexTensor {
         let shape = x.layout().shape().to_vec();
+        check_norm(&shape, &gamma, None);
         let (x, gamma) = (f32_view(&x), f32_view(&gamma));
         let d = gamma.len();
         let simd = simd();
@@ -855,6 +936,7 @@ impl TrainOpsBackend for Flex {
         eps: f32,
     ) -> (FlexTensor, FlexTensor) {
         let shape = x.layout().shape().to_vec();
+        check_norm(&shape, &gamma, Some(&dout));
         let (x, gamma, dy) = (f32_view(&x), f32_view(&gamma), f32_view(&dout));
         let d = gamma.len();
         let simd = simd();
@@ -888,7 +970,7 @@ impl TrainOpsBackend for Flex {
         b: FlexTensor,
         scale: f32,
     ) -> FlexTensor {
-        let dims = lora_dims(&x, &w, &a);
+        let dims = lora_dims(&x, &w, &a, &b, None);
         let y = lora_forward(
             &f32_view(&x),
             &f32_view(&w),
@@ -909,7 +991,7 @@ impl TrainOpsBackend for Flex {
         scale: f32,
         want_dx: bool,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        let dims = lora_dims(&x, &w, &a);
+        let dims = lora_dims(&x, &w, &a, &b, Some(&dout));
         let (n, din, dout_dim, r) = dims;
         let (dx, da, db) = lora_grads(
             &f32_view(&x),
@@ -934,7 +1016,7 @@ impl TrainOpsBackend for Flex {
         v: FlexTensor,
         job: AttentionJob,
     ) -> (FlexTensor, FlexTensor) {
-        let n = attention_dims(&q, &k);
+        let n = attention_dims(&q, &k, &v, &job, None);
         let (out, probs) = attention_forward(&f32_view(&q), &f32_view(&k), &f32_view(&v), &job, &n);
         (
             flex(out, vec![n.b, n.h, n.s, n.d]),
@@ -950,7 +1032,7 @@ impl TrainOpsBackend for Flex {
         dout: FlexTensor,
         job: AttentionJob,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        let n = attention_dims(&q, &k);
+        let n = attention_dims(&q, &k, &v, &job, Some((&probs, &dout)));
         let (dq, dk, dv) = attention_backward(
             &f32_view(&q),
             &f32_view(&k),
@@ -969,6 +1051,11 @@ impl TrainOpsBackend for Flex {
 
     fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
         let shape = gate.layout().shape().to_vec();
+        assert_eq!(
+            self::shape(&up),
+            shape,
+            "swiglu: gate and up must have one shape"
+        );
         flex(swiglu_forward(&f32_view(&gate), &f32_view(&up)), shape)
     }
 
@@ -978,6 +1065,10 @@ impl TrainOpsBackend for Flex {
         dout: FlexTensor,
     ) -> (FlexTensor, FlexTensor) {
         let shape = gate.layout().shape().to_vec();
+        assert!(
+            self::shape(&up) == shape && self::shape(&dout) == shape,
+            "swiglu_backward: gate, up and the output gradient must have one shape"
+        );
         let (dg, du) = swiglu_grads(&f32_view(&gate), &f32_view(&up), &f32_view(&dout));
         (flex(dg, shape.clone()), flex(du, shape))
     }

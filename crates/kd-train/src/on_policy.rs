@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use kd_data::{Batch, Example};
+use kd_data::{Batch, Example, IGNORE_INDEX};
 use kd_lora::derive_seed;
 use kd_loss::{KdConfig, LossStats};
 use kd_model::{GenerateOptions, Llama, Sampling, SeededPrompt};
@@ -42,6 +42,10 @@ pub struct OnPolicyConfig {
     pub max_new_tokens: usize,
     /// Longest prompt + completion; completions are cut to fit.
     pub max_seq_length: usize,
+    /// Cut each sampled completion to the length of the completion it replaces, so that an
+    /// on-policy row has no more label tokens than the off-policy row would have had (runs
+    /// compared at equal teacher tokens).
+    pub match_length: bool,
     /// Log-probs per position the teacher returns for the KD term.
     pub teacher_top_k: usize,
     /// The KD term of the on-policy rows.
@@ -98,6 +102,7 @@ impl OnPolicyConfig {
             "top_p": self.top_p,
             "top_k": self.top_k,
             "max_new_tokens": self.max_new_tokens,
+            "match_length": self.match_length,
             "teacher_top_k": self.teacher_top_k,
             "kd_objective": format!("{:?}", self.kd.objective),
             "kd_weight": self.kd_weight,
@@ -176,9 +181,12 @@ pub struct OnPolicySamples {
 }
 
 impl OnPolicy<'_> {
-    /// Whether example `e` can be completed on-policy: it has a prompt and room after it.
+    /// Whether example `e` can be completed on-policy: it has a prompt, room after it, and
+    /// (with `match_length`) a completion whose length the sample may take.
     pub fn usable(&self, e: &Example) -> bool {
-        e.prompt_len > 0 && e.prompt_len < self.config.max_seq_length
+        e.prompt_len > 0
+            && e.prompt_len < self.config.max_seq_length
+            && (!self.config.match_length || e.len() > e.prompt_len)
     }
 
     /// The student's completions of the prompts of `rows` (indices into `examples`), sampled
@@ -205,8 +213,24 @@ impl OnPolicy<'_> {
                 seed: sample_seed(seed, epoch, step, *e),
             })
             .collect();
+        // Tokens each row may keep: up to `max_seq_length`, and (with `match_length`) no more
+        // than the completion it replaces. Decoding stops at the longest of them: a row's
+        // stream is sampled in order, so stopping early leaves the kept tokens unchanged.
+        let rooms: Vec<usize> = rows
+            .iter()
+            .zip(&prompts)
+            .map(|(e, p)| {
+                let room = c.max_seq_length.saturating_sub(p.ids.len());
+                if c.match_length {
+                    room.min(examples[*e].len().saturating_sub(p.ids.len()))
+                } else {
+                    room
+                }
+            })
+            .collect();
+        let longest = rooms.iter().copied().max().unwrap_or(0);
         let options = GenerateOptions {
-            max_new_tokens: c.max_new_tokens,
+            max_new_tokens: c.max_new_tokens.min(longest.max(1)),
             sampling: c.sampling(),
             stop_token_ids: Vec::new(),
             return_logprobs: false,
@@ -215,12 +239,11 @@ impl OnPolicy<'_> {
         let completions = student.generate(&prompts, &options)?;
         out.generation_seconds = started.elapsed().as_secs_f64();
         let mut sequences = Vec::with_capacity(rows.len());
-        for ((e, p), completion) in rows.iter().zip(&prompts).zip(completions) {
-            let room = c.max_seq_length - p.ids.len();
+        for (((e, p), completion), room) in rows.iter().zip(&prompts).zip(completions).zip(rooms) {
             let ids = &completion.ids[..completion.ids.len().min(room)];
             out.generated_tokens += ids.len();
             let input_ids: Vec<u32> = p.ids.iter().chain(ids).copied().collect();
-            let labels: Vec<i64> = std::iter::repeat_n(-100, p.ids.len())
+            let labels: Vec<i64> = std::iter::repeat_n(IGNORE_INDEX, p.ids.len())
                 .chain(ids.iter().map(|t| i64::from(*t)))
                 .collect();
             out.examples.push(Example {

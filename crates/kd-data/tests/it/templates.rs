@@ -40,11 +40,18 @@ fn chat_templates_match_transformers() {
         let messages = &case["messages"];
         let rendered = template.render_json(messages, agp, &extra);
         if case.get("error").and_then(Value::as_bool) == Some(true) {
-            // transformers refuses an empty conversation before rendering; the template's own
-            // raise_exception must fire for the others.
-            if messages.as_array().is_some_and(|m| !m.is_empty()) {
-                let e = rendered.expect_err(name).to_string();
-                assert!(e.contains("single tool-calls"), "{name}: {e}");
+            // Refused as transformers refuses it: the template's own `raise_exception` message
+            // (a TemplateError), or the empty conversation apply_chat_template rejects before
+            // rendering (a ValueError).
+            let e = rendered.expect_err(name).to_string();
+            let want = case["error_message"].as_str().unwrap();
+            match case["error_type"].as_str().unwrap() {
+                "TemplateError" => assert!(e.contains(want), "{name}: {e} (want {want})"),
+                "ValueError" => {
+                    assert!(want.contains("empty conversation"), "{name}: {want}");
+                    assert!(e.contains("empty conversation"), "{name}: {e}");
+                }
+                other => panic!("{name}: unexpected golden error type {other}"),
             }
             errors += 1;
             continue;
@@ -66,7 +73,17 @@ fn chat_templates_match_transformers() {
         assert_eq!(ids, want, "{name} ids");
         ok += 1;
     }
-    assert!(ok >= 100 && errors >= 2, "{ok} rendered, {errors} errors");
+    let golden_errors = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.get("error").and_then(Value::as_bool) == Some(true))
+        .count();
+    assert_eq!(golden_errors, 6, "the golden file's error cases");
+    assert!(
+        ok >= 100 && errors == golden_errors,
+        "{ok} rendered, {errors} errors"
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Every case of fixtures/golden/kd-losses.* through both implementations: loss value and
 //! gradient w.r.t. the student logits equal PyTorch's (float64) to ≤ 1e-5 relative.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, TensorData};
 use kd_loss::{
     HiddenProjection, KdConfig, KdObjective, KernelPath, LinearCe, SparseStudent, Teacher,
     cross_entropy_with, hidden_mse, kd_loss_with, linear_kd, next_token_targets,
@@ -425,6 +425,30 @@ fn hidden_mse_without_projection_needs_equal_widths() {
         e.contains("student 4, teacher 6") && e.contains("projection"),
         "{e}"
     );
-    let same = hidden_mse(a.clone(), a, None, &[true, true], 2.0).unwrap();
-    assert_eq!(scalar(same), 0.0);
+    // Equal widths: Σ_counted Σ_j (h_S − h_T)² / (N · d) and its gradient 2 (h_S − h_T) /
+    // (N · d) on counted rows (0 elsewhere), from the contract's formula in f64.
+    let (rows, d, n) = (5usize, 6usize, 7.0f64);
+    let hs: Vec<f32> = (0..rows * d)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+        .collect();
+    let ht: Vec<f32> = (0..rows * d)
+        .map(|i| ((i * 53 % 29) as f32 - 14.0) / 9.0)
+        .collect();
+    let mask = [true, false, true, true, false];
+    let mut want = 0.0f64;
+    let mut want_grad = vec![0.0f64; rows * d];
+    for r in (0..rows).filter(|r| mask[*r]) {
+        for j in 0..d {
+            let diff = f64::from(hs[r * d + j]) - f64::from(ht[r * d + j]);
+            want += diff * diff / (n * d as f64);
+            want_grad[r * d + j] = 2.0 * diff / (n * d as f64);
+        }
+    }
+    let ad = cpu().autodiff();
+    let student = Tensor::<2>::from_data(TensorData::new(hs, [rows, d]), &ad).require_grad();
+    let teacher = Tensor::<2>::from_data(TensorData::new(ht, [rows, d]), &ad);
+    let loss = hidden_mse(student.clone(), teacher, None, &mask, n as f32).unwrap();
+    assert!(close(scalar(loss.clone()), want, 1e-6, 1e-9), "{want}");
+    let grads = loss.backward();
+    assert!(max_rel(&vec_f32(student.grad(&grads).unwrap()), &want_grad) <= 1e-6);
 }

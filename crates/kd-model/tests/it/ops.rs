@@ -253,3 +253,91 @@ fn rms_norm_matches_burn() {
     assert_close("dx", &dx, &ref_dx, 1e-5);
     assert_close("dgamma", &dg, &ref_dg, 1e-4);
 }
+
+/// Operands that do not fit stop with a message naming them before any kernel indexes a
+/// buffer (the kernels hand raw pointers to GEMM): no safe call can read out of bounds.
+#[test]
+fn mismatched_operands_panic_instead_of_reading_out_of_bounds() {
+    use burn::backend::Dispatch;
+    use kd_model::ops::{AttentionJob, TrainOpsBackend, fused_lora_linear, fused_rms_norm};
+    let device = cpu();
+    let t = |shape: &[usize], seed| {
+        let n = shape.iter().product();
+        Tensor::<2>::from_data(TensorData::new(values(n, seed), shape.to_vec()), &device)
+    };
+    let t4 = |shape: [usize; 4], seed| {
+        Tensor::<4>::from_data(
+            TensorData::new(values(shape.iter().product(), seed), shape),
+            &device,
+        )
+    };
+    let message = |f: Box<dyn FnOnce() + std::panic::UnwindSafe>| -> String {
+        let e = std::panic::catch_unwind(f).expect_err("a mismatch must panic");
+        e.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    };
+    // Keys shorter than the mask says.
+    let (q, k, v) = (
+        t4([1, 2, 8, 4], 1),
+        t4([1, 1, 3, 4], 2),
+        t4([1, 1, 3, 4], 3),
+    );
+    let mask =
+        Tensor::<4, Bool>::from_data(TensorData::new(vec![false; 8 * 8], [1, 1, 8, 8]), &device);
+    let e = message(Box::new(move || {
+        let _ = fused_attention(q, k, v, &mask, 0.5);
+    }));
+    assert!(e.contains("masked_attention") && e.contains("mask"), "{e}");
+    // Spans reaching past the keys, through the backend trait with a job of our own.
+    let (q, k, v) = (
+        t4([1, 1, 4, 4], 1),
+        t4([1, 1, 4, 4], 2),
+        t4([1, 1, 4, 4], 3),
+    );
+    let e = message(Box::new(move || {
+        let job = AttentionJob {
+            mask: vec![false; 16].into(),
+            spans: vec![(0, 400)].into(),
+            scale: 1.0,
+        };
+        let _ = <Dispatch as TrainOpsBackend>::masked_attention(
+            q.into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            job,
+        );
+    }));
+    assert!(e.contains("key spans"), "{e}");
+    // K/V heads that do not divide the query heads.
+    let (q, k, v) = (
+        t4([1, 3, 4, 4], 1),
+        t4([1, 2, 4, 4], 2),
+        t4([1, 2, 4, 4], 3),
+    );
+    let mask =
+        Tensor::<4, Bool>::from_data(TensorData::new(vec![false; 16], [1, 1, 4, 4]), &device);
+    let e = message(Box::new(move || {
+        let _ = fused_attention(q, k, v, &mask, 0.5);
+    }));
+    assert!(e.contains("do not agree"), "{e}");
+    // A LoRA B of the wrong width.
+    let (x, w, a, b) = (t(&[5, 6], 1), t(&[6, 7], 2), t(&[6, 2], 3), t(&[2, 9], 4));
+    let e = message(Box::new(move || {
+        let _ = fused_lora_linear(x, w, a, b, 1.0);
+    }));
+    assert!(e.contains("lora_linear") && e.contains("[2, 9]"), "{e}");
+    // SwiGLU halves of different sizes; RMSNorm's gamma not the last axis.
+    let (g, u) = (t(&[4, 8], 1), t(&[4, 7], 2));
+    let e = message(Box::new(move || {
+        let _ = fused_swiglu(g, u);
+    }));
+    assert!(e.contains("swiglu"), "{e}");
+    let x = t(&[4, 8], 1);
+    let gamma = Tensor::<1>::from_data(TensorData::new(vec![1.0f32; 5], [5]), &device);
+    let e = message(Box::new(move || {
+        let _ = fused_rms_norm(x, gamma, 1e-5);
+    }));
+    assert!(e.contains("rms_norm") && e.contains("gamma"), "{e}");
+}

@@ -440,6 +440,9 @@ pub struct DistillConfig {
     /// Beyond ROLL: tokens the student samples at most per on-policy row (TRL's default
     /// 128).
     pub on_policy_max_new_tokens: usize,
+    /// Beyond ROLL: cut each on-policy answer to the length of the dataset answer it replaces
+    /// (equal label tokens per row).
+    pub on_policy_match_length: bool,
     /// Beyond ROLL: remove an earlier run's checkpoints and logs from `output_dir` (and
     /// `logging_dir`) before starting; the teacher cache is kept.
     pub overwrite_output_dir: bool,
@@ -485,6 +488,7 @@ impl Default for DistillConfig {
             on_policy_temperature: 1.0,
             on_policy_top_p: 1.0,
             on_policy_max_new_tokens: 128,
+            on_policy_match_length: false,
             overwrite_output_dir: false,
             student: WorkerConfig::default(),
             teacher: WorkerConfig::default(),

@@ -766,6 +766,7 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
             top_k: 0,
             max_new_tokens: config.on_policy_max_new_tokens,
             max_seq_length: config.sequence_length,
+            match_length: config.on_policy_match_length,
             teacher_top_k: top_k,
             kd,
             kd_weight: config.distill_loss_weight,

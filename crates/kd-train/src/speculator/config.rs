@@ -141,6 +141,9 @@ pub struct SpeculatorConfig {
     pub on_policy_top_p: f32,
     /// Tokens the draft samples at most per on-policy row (default: `max_new_tokens`).
     pub on_policy_max_new_tokens: Option<usize>,
+    /// Cut each on-policy completion to the length of the target's completion it replaces
+    /// (equal label tokens per row: arms compared at equal teacher tokens).
+    pub on_policy_match_length: bool,
     /// Where the target's generations and scores are cached (default:
     /// `output_dir/teacher_cache`); runs sharing one reuse each other's teacher work.
     pub teacher_cache_dir: Option<PathBuf>,
@@ -239,6 +242,7 @@ impl Default for SpeculatorConfig {
             on_policy_temperature: 1.0,
             on_policy_top_p: 1.0,
             on_policy_max_new_tokens: None,
+            on_policy_match_length: false,
             teacher_cache_dir: None,
         }
     }

@@ -201,6 +201,7 @@ pub fn on_policy_config(config: &SpeculatorConfig) -> OnPolicyConfig {
         top_k: 0,
         max_new_tokens: config.on_policy_max_new_tokens(),
         max_seq_length: config.max_seq_length,
+        match_length: config.on_policy_match_length,
         teacher_top_k: config.kd_topk,
         kd: SpeculatorLoss::kd_config(config.kd_objective(), config.temperature, config.kd_topk),
         kd_weight: config.kd_weight,

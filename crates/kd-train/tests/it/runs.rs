@@ -93,7 +93,44 @@ fn lora_run_writes_checkpoints_logs_and_learns() {
             .to_string_lossy()
             .starts_with("events.out.tfevents.")
     );
-    assert!(runs[0].metadata().unwrap().len() > 12 * 5 * 30);
+    // Read back: every record's CRCs, the file version first, then the scalars of every
+    // logged step with the values of trainer_state.json's log history.
+    let events = read_events(&runs[0].path());
+    assert_eq!((events[0].0, events[0].1.as_str()), (0, "brain.Event:2"));
+    assert!(events[0].2.is_nan());
+    let history: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("checkpoint-epoch-2/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    let logs = history["log_history"].as_array().unwrap();
+    assert_eq!(logs.len(), 12);
+    for r in logs {
+        let step = r["step"].as_u64().unwrap() as i64;
+        for (tag, key) in [
+            ("train/loss", "loss"),
+            ("train/lr", "learning_rate"),
+            ("train/grad_norm", "grad_norm"),
+            ("train/tokens_per_second", "tokens_per_second"),
+        ] {
+            let want = r[key].as_f64().unwrap() as f32;
+            let got: Vec<f32> = events
+                .iter()
+                .filter(|(s, t, _)| *s == step && t == tag)
+                .map(|(_, _, v)| *v)
+                .collect();
+            assert_eq!(got, vec![want], "{tag} at step {step}");
+        }
+        let ce = r["terms"][0][1].as_f64().unwrap() as f32;
+        assert!(
+            events.contains(&(step, "train/ce_loss".into(), ce)),
+            "ce at {step}"
+        );
+    }
+    assert_eq!(
+        events.len(),
+        1 + 12 * 5,
+        "one file version and five scalars per step"
+    );
     // The returned model equals the last checkpoint's adapter.
     let (reloaded, _) = base_model()
         .load_adapter(out.join("checkpoint-epoch-2"))
@@ -150,6 +187,91 @@ fn full_fine_tuning_saves_the_whole_model() {
         .try_into_vec_as()
         .unwrap();
     assert_ne!(a, base, "full fine-tuning changed nothing");
+}
+
+/// The records of a TensorBoard event file as (step, tag, value): TFRecord framing (length,
+/// masked CRC-32C of the length, data, masked CRC-32C of the data; every CRC checked) around
+/// `Event` protobufs; the file-version event gives (step, version, NaN).
+fn read_events(path: &std::path::Path) -> Vec<(i64, String, f32)> {
+    fn masked(data: &[u8]) -> u32 {
+        let c = kd_train::crc32c(data);
+        (c.rotate_right(15)).wrapping_add(0xa282_ead8)
+    }
+    fn varint(b: &[u8], at: &mut usize) -> u64 {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let byte = b[*at];
+            *at += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return v;
+            }
+            shift += 7;
+        }
+    }
+    /// The fields of a protobuf message: (field number, wire type, payload bytes).
+    fn fields(b: &[u8]) -> Vec<(u64, u64, Vec<u8>)> {
+        let mut at = 0;
+        let mut out = Vec::new();
+        while at < b.len() {
+            let key = varint(b, &mut at);
+            let (field, wire) = (key >> 3, key & 7);
+            let len = match wire {
+                0 => {
+                    let start = at;
+                    varint(b, &mut at);
+                    out.push((field, wire, b[start..at].to_vec()));
+                    continue;
+                }
+                1 => 8,
+                5 => 4,
+                2 => varint(b, &mut at) as usize,
+                other => panic!("wire type {other}"),
+            };
+            out.push((field, wire, b[at..at + len].to_vec()));
+            at += len;
+        }
+        out
+    }
+    let bytes = std::fs::read(path).unwrap();
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let len_bytes = &bytes[at..at + 8];
+        let len = u64::from_le_bytes(len_bytes.try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap());
+        assert_eq!(crc, masked(len_bytes), "length CRC at byte {at}");
+        let data = &bytes[at + 12..at + 12 + len];
+        let crc = u32::from_le_bytes(bytes[at + 12 + len..at + 16 + len].try_into().unwrap());
+        assert_eq!(crc, masked(data), "data CRC at byte {at}");
+        at += 16 + len;
+        let mut step = 0i64;
+        let mut entry = None;
+        for (field, wire, payload) in fields(data) {
+            match (field, wire) {
+                (1, 1) => assert!(f64::from_le_bytes(payload[..].try_into().unwrap()) > 1.6e9),
+                (2, 0) => step = varint(&payload, &mut 0) as i64,
+                (3, 2) => entry = Some((String::from_utf8(payload).unwrap(), f32::NAN)),
+                (5, 2) => {
+                    let value = &fields(&payload)[0];
+                    assert_eq!(value.0, 1, "Summary.value");
+                    let (mut tag, mut v) = (String::new(), f32::NAN);
+                    for (f, _, p) in fields(&value.2) {
+                        match f {
+                            1 => tag = String::from_utf8(p).unwrap(),
+                            2 => v = f32::from_le_bytes(p[..].try_into().unwrap()),
+                            other => panic!("Summary.Value field {other}"),
+                        }
+                    }
+                    entry = Some((tag, v));
+                }
+                other => panic!("unexpected Event field {other:?}"),
+            }
+        }
+        let (tag, v) = entry.expect("an event with a payload");
+        out.push((step, tag, v));
+    }
+    out
 }
 
 /// A loss that is NaN on every step.

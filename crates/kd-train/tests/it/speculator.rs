@@ -363,6 +363,52 @@ fn a_resumed_on_policy_run_samples_what_the_uninterrupted_one_sampled() {
     assert!(e.contains("on_policy"), "{e}");
 }
 
+/// On-policy rows scored by a remote teacher (the target served over SGLang's API) train the
+/// draft exactly as the target in this process does: same samples, same scores, same bytes.
+#[test]
+fn on_policy_rows_scored_by_a_remote_teacher_equal_a_local_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = SpeculatorConfig {
+        max_samples: Some(96),
+        num_epochs: 1,
+        eval_fraction: 0.0,
+        kd_weight: 1.0,
+        on_policy_ratio: 0.5,
+        on_policy_max_new_tokens: Some(12),
+        ..small(&dir.path().join("local"))
+    };
+    let remote = SpeculatorConfig {
+        output_dir: dir.path().join("remote"),
+        teacher_url: Some(dying_teacher(usize::MAX)),
+        ..local.clone()
+    };
+    let a = run(&local, &mut Record::default()).unwrap();
+    let b = run(&remote, &mut Record::default()).unwrap();
+    let (ta, tb) = (
+        a.train.on_policy.clone().unwrap(),
+        b.train.on_policy.clone().unwrap(),
+    );
+    assert!(ta.rows > 0);
+    assert_eq!(
+        (ta.rows, ta.generated_tokens, ta.scored_tokens),
+        (tb.rows, tb.generated_tokens, tb.scored_tokens)
+    );
+    let adapter = |s: &kd_train::speculator::SpeculatorSummary| {
+        std::fs::read(
+            s.train
+                .checkpoints
+                .last()
+                .unwrap()
+                .join("adapter_model.safetensors"),
+        )
+        .unwrap()
+    };
+    assert!(
+        adapter(&a) == adapter(&b),
+        "the remote teacher trained another draft"
+    );
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
