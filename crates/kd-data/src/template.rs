@@ -432,7 +432,11 @@ mod tests {
         let mut extra = BTreeMap::new();
         extra.insert("x".to_string(), x);
         let out = t
-            .render_json(&serde_json::json!([]), false, &extra)
+            .render_json(
+                &serde_json::json!([{"role": "user", "content": "hi"}]),
+                false,
+                &extra,
+            )
             .unwrap();
         assert_eq!(
             out,
@@ -444,8 +448,15 @@ mod tests {
     fn raise_exception_is_an_error() {
         let t =
             ChatTemplate::new("{{ raise_exception('no system role') }}", BTreeMap::new()).unwrap();
-        let e = t.render(&[], false).unwrap_err().to_string();
+        let one = [Message {
+            role: "user".into(),
+            content: "hi".into(),
+        }];
+        let e = t.render(&one, false).unwrap_err().to_string();
         assert!(e.contains("no system role"), "{e}");
+        // An empty conversation is refused before rendering, as transformers refuses it.
+        let e = t.render(&[], false).unwrap_err().to_string();
+        assert!(e.contains("empty conversation"), "{e}");
         assert!(ChatTemplate::new("{% if %}", BTreeMap::new()).is_err());
     }
 }

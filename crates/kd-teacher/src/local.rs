@@ -43,6 +43,7 @@ pub struct LocalTeacher {
     tokenizer: Option<ChatTokenizer>,
     batch_size: usize,
     fingerprint: String,
+    score_block_rows: Option<usize>,
 }
 
 impl std::fmt::Debug for LocalTeacher {
@@ -63,7 +64,16 @@ impl LocalTeacher {
             tokenizer: None,
             batch_size: batch_size.max(1),
             fingerprint: fingerprint.into(),
+            score_block_rows: None,
         }
+    }
+
+    /// Rows of each block of the LM head when scoring (default: about 64 MiB of logits per
+    /// block, 128 rows at a 128k vocabulary): the memory scoring needs beyond the forward
+    /// pass is one block of logits, whatever the batch and sequence length.
+    pub fn with_score_block_rows(mut self, rows: usize) -> Self {
+        self.score_block_rows = Some(rows.max(1));
+        self
     }
 
     /// Decodes completions to text with this tokenizer.
@@ -187,6 +197,7 @@ impl Teacher for LocalTeacher {
         let k = options.top_k;
         let cfg = self.model.config();
         let (vocab, layers, dim) = (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size);
+        let layers_total = layers;
         let hidden_layers: Vec<usize> = options
             .hidden_layers
             .iter()
@@ -214,12 +225,15 @@ impl Teacher for LocalTeacher {
         for chunk in sequences.chunks(self.batch_size) {
             let batch = TokenBatch::from_rows(chunk, 0, PaddingSide::Right);
             let s = batch.seq_len();
+            // The final hidden states (and the layers asked for), no logits: the LM head
+            // runs below on blocks of rows, so no `[batch, seq, vocab]` tensor exists.
+            let mut layers = options.hidden_layers.clone();
+            if !layers.contains(&layers_total) {
+                layers.push(layers_total);
+            }
             let opts = ForwardOptions {
-                hidden_states: if options.hidden_layers.is_empty() {
-                    HiddenStates::None
-                } else {
-                    HiddenStates::Layers(options.hidden_layers.clone())
-                },
+                logits: false,
+                hidden_states: HiddenStates::Layers(layers),
                 ..ForwardOptions::default()
             };
             let output = self.model.forward(&batch, &opts)?;
@@ -228,21 +242,31 @@ impl Teacher for LocalTeacher {
                 .iter()
                 .map(|l| {
                     let t = output.hidden_state(*l).expect("requested").clone();
-                    let v = t
-                        .into_data()
-                        .convert::<f32>()
-                        .try_into_vec_as::<f32>()
-                        .expect("f32");
-                    (*l, v)
+                    (*l, kd_model::to_host(t))
                 })
                 .collect();
-            let logits = output.logits.expect("requested");
-            let logits = logits
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec_as::<f32>()
-                .expect("f32");
-            let (values, indices) = top_k_log_probs(&logits, vocab, k);
+            let last = output
+                .hidden_state(layers_total)
+                .expect("requested")
+                .clone();
+            let rows = chunk.len() * s;
+            let flat = last.reshape([rows, dim]);
+            let mut values = Vec::with_capacity(rows * k);
+            let mut indices = Vec::with_capacity(rows * k);
+            // One GEMM per block against the head's f32 weights (never the decoding kernels,
+            // so a row's scores do not depend on where a block ends).
+            let head = self.model.lm_head_weight().transpose();
+            let block = self
+                .score_block_rows
+                .unwrap_or_else(|| score_block_rows(vocab));
+            for start in (0..rows).step_by(block) {
+                let end = (start + block).min(rows);
+                let h = flat.clone().slice([start..end, 0..dim]);
+                let logits = h.matmul(head.clone());
+                let (v, i) = top_k_log_probs(&kd_model::to_host(logits), vocab, k);
+                values.extend(v);
+                indices.extend(i);
+            }
             for (r, seq) in chunk.iter().enumerate() {
                 let len = seq.len();
                 let at = |t: usize| (r * s + t) * k;
@@ -337,6 +361,12 @@ impl<T: Teacher + Sync> Teacher for ReplicatedTeacher<T> {
     fn fingerprint(&self) -> String {
         self.replicas[0].fingerprint()
     }
+}
+
+/// Rows of one block of the scoring LM head: about 64 MiB of logits (at least one row), so
+/// that a 128k vocabulary takes blocks of 128 rows whatever the batch and sequence length.
+fn score_block_rows(vocab: usize) -> usize {
+    ((16 << 20) / vocab.max(1)).max(1)
 }
 
 /// Per row of `logits` (`[rows, vocab]`): the `k` largest log-probabilities (temperature 1),

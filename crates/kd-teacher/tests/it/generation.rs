@@ -224,6 +224,13 @@ fn scores_match_a_plain_forward_pass_with_hidden_states() {
         hidden_layers: layers.clone(),
     };
     let scores = t.score_with(&seqs, &opts).unwrap();
+    // The LM head runs on blocks of rows: blocks of 4 rows (ending inside sequences and
+    // between them) give the scores of one block for the whole batch.
+    let blocked = teacher(3)
+        .with_score_block_rows(4)
+        .score_with(&seqs, &opts)
+        .unwrap();
+    assert_eq!(blocked, scores, "scores depend on the LM head's blocks");
     let dim = t.model().config().hidden_size;
     for (seq, s) in seqs.iter().zip(&scores) {
         // Each sequence alone, unpadded; log-softmax on the host in f64.
