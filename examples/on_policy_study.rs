@@ -133,18 +133,16 @@ fn overrides(args: &Args, arm: &Arm, out: &Path) -> Result<serde_json::Map<Strin
     Ok(m)
 }
 
-/// Acceptance of `draft` against `target` on the held-out prompts at temperature 1.
-fn sampled(config: &SpeculatorConfig, target: &Llama, draft: &Llama) -> Result<AcceptanceReport> {
-    let s = setup(config)?;
+/// Acceptance of `draft` against `target` on the held-out prompts `eval_ids` at temperature 1.
+fn sampled(
+    config: &SpeculatorConfig,
+    eval_ids: &[Vec<u32>],
+    target: &Llama,
+    draft: &Llama,
+) -> Result<AcceptanceReport> {
     let mut options = eval_options(config);
     options.spec.sampling = Sampling::temperature(1.0);
-    Ok(evaluate(
-        target,
-        draft,
-        &s.prompts.eval_ids(),
-        &options,
-        |_, _, _| {},
-    )?)
+    Ok(evaluate(target, draft, eval_ids, &options, |_, _, _| {})?)
 }
 
 fn run_arm(
@@ -178,13 +176,14 @@ fn run_arm(
         ..config
     };
     let s = setup(&config)?;
+    let eval_ids = s.prompts.eval_ids();
     let target = Llama::load_for_inference(&config.target_model, &s.target_devices[0])?;
     let base = Llama::load(&config.draft_model, &s.draft_device)?;
     let before = match sampled_before {
         Some(b) => b.clone(),
         None => {
             eprintln!("arm ({}): acceptance at T = 1 before training", arm.name);
-            let b = sampled(&config, &target, &base)?;
+            let b = sampled(&config, &eval_ids, &target, &base)?;
             *sampled_before = Some(b.clone());
             b
         }
@@ -196,7 +195,7 @@ fn run_arm(
         .context("the run wrote no checkpoint")?;
     let trained = base.load_adapter(last)?.0.merge_and_unload();
     eprintln!("arm ({}): acceptance at T = 1 after training", arm.name);
-    let after = sampled(&config, &target, &trained)?;
+    let after = sampled(&config, &eval_ids, &target, &trained)?;
     Ok(Outcome {
         summary,
         sampled_before: before,

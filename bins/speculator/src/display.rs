@@ -229,9 +229,9 @@ pub fn print_summary(s: &SpeculatorSummary) {
             o.generated_tokens as f64 / o.generation_seconds.max(1e-9),
             o.scored_tokens,
             o.scoring_seconds,
-            100.0 * o.generation_seconds / o.step_seconds.max(1e-9),
-            100.0 * o.scoring_seconds / o.step_seconds.max(1e-9),
-            o.step_seconds
+            100.0 * o.generation_seconds / s.train.step_seconds.max(1e-9),
+            100.0 * o.scoring_seconds / s.train.step_seconds.max(1e-9),
+            s.train.step_seconds
         );
     }
     if let Some(r) = &s.last_log {

@@ -197,7 +197,6 @@ impl Teacher for LocalTeacher {
         let k = options.top_k;
         let cfg = self.model.config();
         let (vocab, layers, dim) = (cfg.vocab_size, cfg.num_hidden_layers, cfg.hidden_size);
-        let layers_total = layers;
         let hidden_layers: Vec<usize> = options
             .hidden_layers
             .iter()
@@ -227,13 +226,13 @@ impl Teacher for LocalTeacher {
             let s = batch.seq_len();
             // The final hidden states (and the layers asked for), no logits: the LM head
             // runs below on blocks of rows, so no `[batch, seq, vocab]` tensor exists.
-            let mut layers = options.hidden_layers.clone();
-            if !layers.contains(&layers_total) {
-                layers.push(layers_total);
+            let mut wanted = options.hidden_layers.clone();
+            if !wanted.contains(&layers) {
+                wanted.push(layers);
             }
             let opts = ForwardOptions {
                 logits: false,
-                hidden_states: HiddenStates::Layers(layers),
+                hidden_states: HiddenStates::Layers(wanted),
                 ..ForwardOptions::default()
             };
             let output = self.model.forward(&batch, &opts)?;
@@ -245,10 +244,7 @@ impl Teacher for LocalTeacher {
                     (*l, kd_model::to_host(t))
                 })
                 .collect();
-            let last = output
-                .hidden_state(layers_total)
-                .expect("requested")
-                .clone();
+            let last = output.hidden_state(layers).expect("requested").clone();
             let rows = chunk.len() * s;
             let flat = last.reshape([rows, dim]);
             let mut values = Vec::with_capacity(rows * k);

@@ -54,26 +54,65 @@ pub struct OnPolicyConfig {
     pub kd_weight: f64,
 }
 
+/// The ranges of the on-policy settings both pipelines share; `name` spells a setting as its
+/// pipeline does (`--on_policy_top_p`, `` `on_policy_top_p` ``). Nothing but the ratio is
+/// checked when the ratio is 0 (off).
+pub fn check_on_policy_settings(
+    ratio: f64,
+    max_new_tokens: usize,
+    temperature: f32,
+    top_p: f32,
+    name: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    let bad = |m: String| Err(TrainError::Config(m));
+    if !(0.0..=1.0).contains(&ratio) {
+        return bad(format!(
+            "{} must lie in [0, 1], got {ratio}",
+            name("on_policy_ratio")
+        ));
+    }
+    if ratio == 0.0 {
+        return Ok(());
+    }
+    if max_new_tokens == 0 {
+        return bad(format!(
+            "{} must be at least 1",
+            name("on_policy_max_new_tokens")
+        ));
+    }
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return bad(format!(
+            "{} must be ≥ 0, got {temperature}",
+            name("on_policy_temperature")
+        ));
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return bad(format!(
+            "{} must lie in (0, 1], got {top_p}",
+            name("on_policy_top_p")
+        ));
+    }
+    Ok(())
+}
+
 impl OnPolicyConfig {
     /// Checks ranges; messages name the setting.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(TrainError::Config(m));
-        if !(0.0..=1.0).contains(&self.ratio) {
-            return bad(format!(
-                "the on-policy ratio (λ) must lie in [0, 1], got {}",
-                self.ratio
-            ));
-        }
+        check_on_policy_settings(
+            self.ratio,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_p,
+            &|k| format!("the on-policy setting `{k}`"),
+        )?;
         if self.ratio == 0.0 {
             return Ok(());
         }
+        let bad = |m: String| Err(TrainError::Config(m));
         if !(self.kd_weight > 0.0 && self.kd_weight.is_finite()) {
             return bad(
                 "on-policy rows learn through the KD term only: its weight must be positive".into(),
             );
-        }
-        if self.max_new_tokens == 0 {
-            return bad("the on-policy max_new_tokens must be at least 1".into());
         }
         if self.teacher_top_k == 0 {
             return bad("the teacher's top-k for on-policy rows must be at least 1".into());
@@ -168,8 +207,6 @@ pub struct OnPolicySamples {
     pub examples: Vec<Example>,
     /// The teacher's view of each example, aligned with it.
     pub scores: Vec<Scores>,
-    /// For each example, the training example whose prompt it completes.
-    pub source: Vec<usize>,
     /// Tokens the student sampled (after cutting to `max_seq_length`).
     pub generated_tokens: usize,
     /// Wall time of the student's sampling.
@@ -252,7 +289,6 @@ impl OnPolicy<'_> {
                 labels,
                 prompt_len: p.ids.len(),
             });
-            out.source.push(*e);
             sequences.push(input_ids);
         }
         let started = Instant::now();
@@ -340,19 +376,16 @@ pub struct OnPolicyTotals {
     pub scored_tokens: usize,
     /// Wall time of the teacher's scoring.
     pub scoring_seconds: f64,
-    /// Wall time of the steps, sampling and scoring included.
-    pub step_seconds: f64,
 }
 
 impl OnPolicyTotals {
     /// Adds one step.
-    pub fn add(&mut self, s: &OnPolicySamples, step_seconds: f64) {
+    pub fn add(&mut self, s: &OnPolicySamples) {
         self.rows += s.examples.len();
         self.generated_tokens += s.generated_tokens;
         self.generation_seconds += s.generation_seconds;
         self.scored_tokens += s.scored_tokens;
         self.scoring_seconds += s.scoring_seconds;
-        self.step_seconds += step_seconds;
     }
 }
 

@@ -3,6 +3,7 @@
 //! micro-batches and replicas, clipped by global norm, AdamW with a step-derived learning
 //! rate; checkpoints and metrics; exact resume.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -545,7 +546,7 @@ pub fn train_on_policy(
         let planned = &plan[state.next_micro_batch..end];
         // On-policy rows: a share of the step's planned rows, completed by the model being
         // trained and scored by the teacher; the others stay as planned.
-        let mut off_rows: Vec<Vec<Vec<usize>>> = planned.to_vec();
+        let mut off_rows: Cow<'_, [Vec<Vec<usize>>]> = Cow::Borrowed(planned);
         let mut on_rows: Vec<Vec<Vec<usize>>> = vec![Vec::new(); planned.len()];
         let mut samples = OnPolicySamples::default();
         let mut step_examples = 0usize;
@@ -557,7 +558,7 @@ pub fn train_on_policy(
                 .collect();
             let chosen =
                 on_policy_rows(flat.len(), op.config.ratio, config.seed, state.epoch, step);
-            off_rows = vec![Vec::new(); planned.len()];
+            let mut kept = vec![Vec::new(); planned.len()];
             let mut wanted = Vec::new();
             let mut micro_of = Vec::new();
             for ((m, r), on) in flat.iter().zip(chosen) {
@@ -569,9 +570,10 @@ pub fn train_on_policy(
                         micro_of.push(*m);
                     }
                 } else {
-                    off_rows[*m].push(row.clone());
+                    kept[*m].push(row.clone());
                 }
             }
+            off_rows = Cow::Owned(kept);
             if !wanted.is_empty() {
                 samples = op.sample(
                     &model.llama.valid(),
@@ -653,7 +655,7 @@ pub fn train_on_policy(
             let t = summary
                 .on_policy
                 .get_or_insert_with(OnPolicyTotals::default);
-            t.add(&samples, step_seconds);
+            t.add(&samples);
         }
         state.global_step += 1;
         state.next_micro_batch = end;

@@ -548,35 +548,22 @@ impl DistillConfig {
             ));
         }
         self.kd_config().validate()?;
-        if !(0.0..=1.0).contains(&self.on_policy_ratio) {
-            return bad(format!(
-                "`on_policy_ratio` (TRL's `lmbda`) must lie in [0, 1], got {}",
-                self.on_policy_ratio
-            ));
-        }
-        if self.on_policy_ratio > 0.0 {
-            if self.distill_loss_weight == 0.0 {
-                return bad(
-                    "`on_policy_ratio` > 0: the student's own completions learn through the KD \
-                     term only, and `distill_loss_weight: 0` switches it off; set it above 0"
-                        .into(),
-                );
-            }
-            if self.on_policy_max_new_tokens == 0 {
-                return bad("`on_policy_max_new_tokens` must be at least 1".into());
-            }
-            if !(self.on_policy_temperature >= 0.0 && self.on_policy_temperature.is_finite()) {
-                return bad(format!(
-                    "`on_policy_temperature` must be ≥ 0, got {}",
-                    self.on_policy_temperature
-                ));
-            }
-            if !(self.on_policy_top_p > 0.0 && self.on_policy_top_p <= 1.0) {
-                return bad(format!(
-                    "`on_policy_top_p` must lie in (0, 1], got {}",
-                    self.on_policy_top_p
-                ));
-            }
+        crate::on_policy::check_on_policy_settings(
+            self.on_policy_ratio,
+            self.on_policy_max_new_tokens,
+            self.on_policy_temperature,
+            self.on_policy_top_p,
+            &|k| match k {
+                "on_policy_ratio" => "`on_policy_ratio` (TRL's `lmbda`)".to_string(),
+                _ => format!("`{k}`"),
+            },
+        )?;
+        if self.on_policy_ratio > 0.0 && self.distill_loss_weight == 0.0 {
+            return bad(
+                "`on_policy_ratio` > 0: the student's own completions learn through the KD \
+                 term only, and `distill_loss_weight: 0` switches it off; set it above 0"
+                    .into(),
+            );
         }
         if self.logging_steps == 0 {
             return bad("`logging_steps` must be positive".into());

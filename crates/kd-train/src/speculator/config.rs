@@ -397,12 +397,13 @@ impl SpeculatorConfig {
         if self.kd_weight > 0.0 && self.kd_topk == 0 {
             return bad("--kd_topk must be at least 1 when --kd_weight > 0".into());
         }
-        if !(0.0..=1.0).contains(&self.on_policy_ratio) {
-            return bad(format!(
-                "--on_policy_ratio must lie in [0, 1], got {}",
-                self.on_policy_ratio
-            ));
-        }
+        crate::on_policy::check_on_policy_settings(
+            self.on_policy_ratio,
+            self.on_policy_max_new_tokens(),
+            self.on_policy_temperature,
+            self.on_policy_top_p,
+            &|k| format!("--{k}"),
+        )?;
         if self.on_policy_ratio > 0.0 {
             if self.kd_weight == 0.0 {
                 return bad(
@@ -418,21 +419,6 @@ impl SpeculatorConfig {
                      openai (vLLM), or the target in this process"
                         .into(),
                 );
-            }
-            if self.on_policy_max_new_tokens == Some(0) {
-                return bad("--on_policy_max_new_tokens must be at least 1".into());
-            }
-            if !(self.on_policy_temperature >= 0.0 && self.on_policy_temperature.is_finite()) {
-                return bad(format!(
-                    "--on_policy_temperature must be ≥ 0, got {}",
-                    self.on_policy_temperature
-                ));
-            }
-            if !(self.on_policy_top_p > 0.0 && self.on_policy_top_p <= 1.0) {
-                return bad(format!(
-                    "--on_policy_top_p must lie in (0, 1], got {}",
-                    self.on_policy_top_p
-                ));
             }
         }
         for (flag, t) in [
