@@ -3,6 +3,11 @@
 //! beside transformers' `generate` on the same workload (`benches/generate_pytorch.py`).
 //!
 //! `cargo run --release -p kd-benches --bin generate_throughput -- --python <venv>/bin/python`
+//!
+//! `--per-position` instead decodes one sequence (batch 1) token by token with the KV cache
+//! and prints the decode time per token around given positions (default 100 and 2000): the
+//! cache's append must not grow with the length, so the ratio stays near what attention's own
+//! linear growth explains (printed beside it, from the multiply-adds of a decode step).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -30,6 +35,72 @@ struct Args {
     /// Python with torch + transformers for the HF column.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Decode one sequence token by token and time the steps at `--positions`.
+    #[arg(long)]
+    per_position: bool,
+    /// Positions (cached tokens) at which `--per-position` reports the time per token; each
+    /// is the median of the 21 steps centred on it.
+    #[arg(long, value_delimiter = ',', default_values_t = [100usize, 2000])]
+    positions: Vec<usize>,
+}
+
+/// Decode time per token at each position of `positions`, batch 1, greedy, KV cache.
+fn per_position(model: &Llama, config: &LlamaConfig, positions: &[usize]) -> Result<()> {
+    use kd_model::sampling::argmax;
+    use kd_model::{ForwardOptions, TokenBatch, to_host};
+    let last = *positions.iter().max().unwrap_or(&100) + 11;
+    let prompt: Vec<u32> = (1..9).collect();
+    let mut cache = model.new_cache();
+    let opts = ForwardOptions::last_positions(1);
+    let logits = to_host(
+        model
+            .forward_cached(&TokenBatch::single(&prompt), &mut cache, &opts)?
+            .into_logits()?,
+    );
+    let mut tok = argmax(&logits);
+    let mut times = Vec::with_capacity(last);
+    while cache.len() < last {
+        let t = Instant::now();
+        let logits = model
+            .forward_cached(&TokenBatch::single(&[tok]), &mut cache, &opts)?
+            .into_logits()?;
+        tok = argmax(&to_host(logits));
+        times.push((cache.len() - 1, t.elapsed().as_secs_f64()));
+    }
+    // Multiply-adds of one decode step: projections and LM head, plus attention over `p`
+    // cached keys (QKᵀ and PV for every query head).
+    let (h, d, l) = (
+        config.num_attention_heads,
+        config.head_dim,
+        config.num_hidden_layers,
+    );
+    let (hid, kv, ff) = (
+        config.hidden_size,
+        config.num_key_value_heads,
+        config.intermediate_size,
+    );
+    let fixed = l * (2 * hid * h * d + 2 * hid * kv * d + 3 * hid * ff) + hid * config.vocab_size;
+    let macs = |p: usize| (fixed + l * h * 2 * p * d) as f64;
+    let at = |p: usize| {
+        let mut w: Vec<f64> = times
+            .iter()
+            .filter(|(q, _)| q.abs_diff(p) <= 10)
+            .map(|(_, t)| *t)
+            .collect();
+        w.sort_by(f64::total_cmp);
+        w[w.len() / 2]
+    };
+    let base = positions[0];
+    for &p in positions {
+        println!(
+            "ours: position {p}: {:.2} ms per token ({:.2}× position {base}; attention's growth alone: {:.2}×), cache capacity {}",
+            at(p) * 1e3,
+            at(p) / at(base),
+            macs(p) / macs(base),
+            cache.capacity()
+        );
+    }
+    Ok(())
 }
 
 fn main() -> Result<()> {
@@ -37,6 +108,9 @@ fn main() -> Result<()> {
     let device = parse_device("cpu")?;
     device.seed(0);
     let config = LlamaConfig::bench_155m();
+    if args.per_position {
+        return per_position(&Llama::random(&config, &device), &config, &args.positions);
+    }
     let teacher = LocalTeacher::new(Llama::random(&config, &device), args.batch, "bench-155m");
     let mut state = 7u64;
     let prompts: Vec<Prompt> = (0..args.batch)

@@ -11,19 +11,12 @@ use crate::error::{DataError, Result};
 use crate::source::{Message, QaRecord};
 use crate::template::{ChatTemplate, load_template};
 
-/// Writes through a temporary file and a rename.
+/// Writes through [`kd_kernels::write_atomic`].
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            DataError::io(path, e)
-        })
+    kd_kernels::write_atomic(path, bytes).map_err(|e| DataError::io(path, e))
 }
 
-/// The label of positions that do not count.
-pub const IGNORE_INDEX: i64 = -100;
+pub use kd_kernels::IGNORE_INDEX;
 
 /// A Hugging Face tokenizer (`tokenizer.json`, or one built from a GGUF file's metadata)
 /// with its chat template.

@@ -29,17 +29,23 @@ pub fn dropout_mask<const D: usize>(
     device: &Device,
 ) -> Tensor<D> {
     let n: usize = dims.iter().product();
+    let mut values = vec![0f32; n];
+    dropout_fill(&mut values, 0, p, seed);
+    Tensor::from_data(TensorData::new(values, *dims), device)
+}
+
+/// Writes the mask values of the flat elements `start .. start + out.len()` of
+/// [`dropout_mask`]`(.., p, seed, ..)` into `out`: fused kernels regenerate any part of a
+/// mask without materialising the whole of it, with the same values.
+pub fn dropout_fill(out: &mut [f32], start: u64, p: f64, seed: u64) {
     let keep = 1.0 - p;
     let threshold = (p * (1u64 << 32) as f64) as u64;
     let scale = (1.0 / keep) as f32;
     let base = splitmix64(seed);
-    let values: Vec<f32> = (0..n as u64)
-        .map(|i| {
-            let h = splitmix64(base ^ i) >> 32;
-            if h < threshold { 0.0 } else { scale }
-        })
-        .collect();
-    Tensor::from_data(TensorData::new(values, *dims), device)
+    for (x, i) in out.iter_mut().zip(start..) {
+        let h = splitmix64(base ^ i) >> 32;
+        *x = if h < threshold { 0.0 } else { scale };
+    }
 }
 
 #[cfg(test)]

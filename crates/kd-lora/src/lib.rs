@@ -13,7 +13,7 @@ mod linear;
 mod peft;
 
 pub use config::{LoraConfig, TargetMatcher, TargetModules};
-pub use dropout::{derive_seed, dropout_mask, splitmix64};
+pub use dropout::{derive_seed, dropout_fill, dropout_mask, splitmix64};
 pub use error::{LoraError, Result};
 pub use linear::{LoraAdapter, LoraLinear};
 pub use peft::{

@@ -4,8 +4,6 @@
 //! that `PeftModel.from_pretrained` loads what we write and we load what PEFT writes.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 
 use half::{bf16, f16};
@@ -78,20 +76,10 @@ pub fn adapter_config_json(config: &LoraConfig, base_model: &str, inference_mode
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |e| LoraError::Io {
+    kd_kernels::write_atomic(path, bytes).map_err(|e| LoraError::Io {
         path: path.to_path_buf(),
         source: e,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    })
 }
 
 /// Writes an adapter in PEFT layout into `dir` (each file atomically).

@@ -6,13 +6,11 @@
 //! plus O(vocab) scratch per thread: no softmax, log-softmax or intermediate of the size of the
 //! logits is materialised. Runs on the CPU (`flex`) backend, with or without autodiff.
 
-use std::borrow::Cow;
-
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{
     AutodiffBackend, Backend, ExtensionType, Flex, TensorMetadata, backend_extension,
 };
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::base::Checkpointer;
 use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -61,20 +59,7 @@ pub trait FusedLossBackend: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// The elements of a CPU tensor as contiguous row-major f32: borrowed when the tensor already
-/// is, copied (and converted) otherwise. For host kernels over flex tensors.
-pub fn f32_view(t: &FlexTensor) -> Cow<'_, [f32]> {
-    let n = t.layout().num_elements();
-    if t.dtype() == DType::F32 && t.is_contiguous() && t.layout().start_offset() == 0 {
-        Cow::Borrowed(&t.storage::<f32>()[..n])
-    } else {
-        let data = t.clone().into_data().convert::<f32>();
-        Cow::Owned(
-            data.try_into_vec_as::<f32>()
-                .expect("f32 data after conversion"),
-        )
-    }
-}
+pub use kd_kernels::f32_view;
 
 pub(crate) fn i64_view(t: &FlexTensor) -> Vec<u32> {
     let data = t.clone().into_data().convert::<i64>();

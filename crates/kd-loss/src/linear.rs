@@ -17,7 +17,7 @@ use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
-use gemm::{Parallelism, gemm};
+use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul, matmul_into};
 
 use crate::error::{LossError, Result};
 use crate::fused::{f32_view, flex, grad_or_placeholder, read_stats, stats_values};
@@ -107,39 +107,16 @@ pub(crate) fn logits_block(
     w: &[f32],
     (n, dim, vocab): (usize, usize, usize),
 ) {
-    assert!(
-        h.len() >= n * dim && w.len() >= vocab * dim,
-        "GEMM operand shapes"
-    );
-    z.clear();
-    z.reserve(n * vocab);
-    // SAFETY: `z` has capacity for n × vocab; the GEMM (alpha = 0, no read of the
-    // destination) writes every element before `set_len` exposes them. `h` holds n rows of
-    // `dim` values and `w` is [vocab, dim], read as its transpose (both checked above).
-    unsafe {
-        gemm(
-            n,
-            vocab,
-            dim,
-            z.as_mut_ptr(),
-            1,
-            vocab as isize,
-            false,
-            h.as_ptr(),
-            1,
-            dim as isize,
-            w.as_ptr(),
-            dim as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::Rayon(0),
-        );
-        z.set_len(n * vocab);
-    }
+    matmul_into(
+        z,
+        MatRef::row_major(h, n, dim).expect("hidden block [n, dim]"),
+        MatRef::row_major(w, vocab, dim)
+            .expect("weight [vocab, dim]")
+            .t(),
+        1.0,
+        Threads::All,
+    )
+    .expect("logits block shapes");
 }
 
 /// `dh = G · W` for a block: `g` is `[n, vocab]`, `w` `[vocab, dim]`, `dh` `[n, dim]`
@@ -150,35 +127,15 @@ pub(crate) fn hidden_grad_block(
     w: &[f32],
     (n, dim, vocab): (usize, usize, usize),
 ) {
-    assert!(
-        dh.len() >= n * dim && g.len() >= n * vocab && w.len() >= vocab * dim,
-        "GEMM operand shapes"
-    );
-    // SAFETY: the shapes and strides describe `g`, `w` and `dh`, whose lengths are checked
-    // above.
-    unsafe {
-        gemm(
-            n,
-            dim,
-            vocab,
-            dh.as_mut_ptr(),
-            1,
-            dim as isize,
-            false,
-            g.as_ptr(),
-            1,
-            vocab as isize,
-            w.as_ptr(),
-            1,
-            dim as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::Rayon(0),
-        );
-    }
+    matmul(
+        MatMut::row_major(dh, n, dim).expect("hidden gradient [n, dim]"),
+        MatRef::row_major(g, n, vocab).expect("logit gradient [n, vocab]"),
+        MatRef::row_major(w, vocab, dim).expect("weight [vocab, dim]"),
+        Write::Overwrite,
+        1.0,
+        Threads::All,
+    )
+    .expect("hidden gradient shapes");
 }
 
 /// `dW (+)= Gᵀ · H` for a block: `g` is `[n, vocab]`, `h` `[n, dim]`, `dw` `[vocab, dim]`
@@ -190,34 +147,21 @@ pub(crate) fn weight_grad_block(
     (n, dim, vocab): (usize, usize, usize),
     accumulate: bool,
 ) {
-    assert!(
-        dw.len() >= vocab * dim && g.len() >= n * vocab && h.len() >= n * dim,
-        "GEMM operand shapes"
-    );
-    // SAFETY: as above; Gᵀ is `g` read with swapped strides.
-    unsafe {
-        gemm(
-            vocab,
-            dim,
-            n,
-            dw.as_mut_ptr(),
-            1,
-            dim as isize,
-            accumulate,
-            g.as_ptr(),
-            vocab as isize,
-            1,
-            h.as_ptr(),
-            1,
-            dim as isize,
-            if accumulate { 1.0 } else { 0.0 },
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::Rayon(0),
-        );
-    }
+    matmul(
+        MatMut::row_major(dw, vocab, dim).expect("weight gradient [vocab, dim]"),
+        MatRef::row_major(g, n, vocab)
+            .expect("logit gradient [n, vocab]")
+            .t(),
+        MatRef::row_major(h, n, dim).expect("hidden block [n, dim]"),
+        if accumulate {
+            Write::Accumulate
+        } else {
+            Write::Overwrite
+        },
+        1.0,
+        Threads::All,
+    )
+    .expect("weight gradient shapes");
 }
 
 impl LinearCeBackend for Flex {

@@ -14,8 +14,7 @@ pub struct NextTokenTargets {
     pub count: usize,
 }
 
-/// The label value that excludes a position.
-pub const IGNORE_INDEX: i64 = -100;
+pub use kd_kernels::IGNORE_INDEX;
 
 /// Shifts `labels` (`[batch, seq]`, row-major, −100 = ignored) so that row `b · seq + t` of
 /// the flattened logits predicts `labels[b, t + 1]`. No slicing of the logits is needed: the

@@ -1,4 +1,11 @@
 //! The key/value cache for incremental decoding of a padded batch.
+//!
+//! Keys and values live in preallocated tensors `[batch, kv_heads, capacity, head_dim]`:
+//! a decode step writes its slots in place (Burn's `slice_assign` on a uniquely held CPU
+//! tensor does not copy), and attention reads the first `len` slots as a view, so appending
+//! costs O(new tokens), not O(cached tokens). When a step needs more slots than the capacity,
+//! the capacity doubles (or grows to what the step needs). Rolling back ([`KvCache::truncate`])
+//! only moves the length: the slots are reused by the next tokens.
 
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -12,8 +19,11 @@ use crate::error::{ModelError, Result};
 /// row decodes as it would alone.
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    /// Per layer: keys and values `[batch, kv_heads, len, head_dim]`.
+    /// Per layer: keys and values `[batch, kv_heads, capacity, head_dim]`; slots at and
+    /// after [`len`](Self::len) hold nothing that is read.
     layers: Vec<Option<(Tensor<4>, Tensor<4>)>>,
+    /// Slots allocated on the first append (at least what it needs).
+    reserve: usize,
     /// Per row: which cached tokens are real.
     valid: Vec<Vec<bool>>,
     /// Per row: number of real tokens cached (the next real token's position).
@@ -23,11 +33,27 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for a model with `num_layers` layers.
     pub fn new(num_layers: usize) -> Self {
+        Self::with_capacity(num_layers, 0)
+    }
+
+    /// An empty cache that allocates `slots` token slots per row on its first append (a
+    /// decode loop that knows prompt + new tokens never reallocates).
+    pub fn with_capacity(num_layers: usize, slots: usize) -> Self {
         Self {
             layers: vec![None; num_layers],
+            reserve: slots,
             valid: Vec::new(),
             real_len: Vec::new(),
         }
+    }
+
+    /// Token slots allocated per row (0 before the first append).
+    pub fn capacity(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0, |(k, _)| k.dims()[2])
     }
 
     /// Number of cached token slots per row (padding included).
@@ -107,17 +133,9 @@ impl KvCache {
             self.real_len[row] = want;
         }
         if keep < self.len() {
+            // The slots stay allocated; the next tokens overwrite them.
             for v in &mut self.valid {
                 v.truncate(keep);
-            }
-            for layer in &mut self.layers {
-                if let Some((k, v)) = layer.take()
-                    && keep > 0
-                {
-                    let [b, h, _, d] = k.dims();
-                    let range = [0..b, 0..h, 0..keep, 0..d];
-                    *layer = Some((k.slice(range.clone()), v.slice(range)));
-                }
             }
         }
         Ok(())
@@ -153,18 +171,51 @@ impl KvCache {
         &self.valid
     }
 
-    /// Appends this step's keys/values of one layer and returns the whole sequence's.
+    /// Writes this step's keys/values `[batch, kv_heads, new, head_dim]` of one layer into
+    /// the slots after [`len`](Self::len) and returns views of every cached slot
+    /// (`[batch, kv_heads, len + new, head_dim]`).
     pub(crate) fn append(
         &mut self,
         layer: usize,
         k: Tensor<4>,
         v: Tensor<4>,
     ) -> (Tensor<4>, Tensor<4>) {
-        let (k, v) = match self.layers[layer].take() {
-            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
-            None => (k, v),
+        let [b, h, s, d] = k.dims();
+        let at = self.len();
+        let need = at + s;
+        let (ck, cv) = match self.layers[layer].take() {
+            None => {
+                let cap = need.max(self.reserve);
+                let zeros = || Tensor::<4>::zeros([b, h, cap, d], (&k.device(), k.dtype()));
+                (zeros(), zeros())
+            }
+            Some((ck, cv)) if ck.dims()[2] < need => {
+                // Grow geometrically, keeping the slots in use.
+                let cap = need.max(2 * ck.dims()[2]);
+                let grow = |old: Tensor<4>| {
+                    let fresh = Tensor::<4>::zeros([b, h, cap, d], (&old.device(), old.dtype()));
+                    if at == 0 {
+                        fresh
+                    } else {
+                        fresh.slice_assign(
+                            [0..b, 0..h, 0..at, 0..d],
+                            old.slice([0..b, 0..h, 0..at, 0..d]),
+                        )
+                    }
+                };
+                (grow(ck), grow(cv))
+            }
+            Some(pair) => pair,
         };
-        self.layers[layer] = Some((k.clone(), v.clone()));
-        (k, v)
+        // In place when the cache holds the only reference (the previous step's views are
+        // gone by now).
+        let ck = ck.slice_assign([0..b, 0..h, at..need, 0..d], k);
+        let cv = cv.slice_assign([0..b, 0..h, at..need, 0..d], v);
+        let views = (
+            ck.clone().slice([0..b, 0..h, 0..need, 0..d]),
+            cv.clone().slice([0..b, 0..h, 0..need, 0..d]),
+        );
+        self.layers[layer] = Some((ck, cv));
+        views
     }
 }

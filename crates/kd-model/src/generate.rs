@@ -133,7 +133,8 @@ impl Llama {
             .map(|p| ChaCha8Rng::seed_from_u64(p.seed))
             .collect();
         let mut active: Vec<usize> = (0..prompts.len()).collect();
-        let mut cache = self.new_cache();
+        let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+        let mut cache = self.new_cache_with_capacity(longest + options.max_new_tokens);
         let mut batch = TokenBatch::from_rows(&rows, self.pad_id(), PaddingSide::Left);
         let last = ForwardOptions::last_positions(1);
         loop {

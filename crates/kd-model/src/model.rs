@@ -49,7 +49,7 @@ impl Attention {
         x: Tensor<3>,
         cos: &Tensor<4>,
         sin: &Tensor<4>,
-        mask: &Tensor<4, Bool>,
+        mask: &LayerMask,
         cache: Option<(&mut KvCache, usize)>,
         seed: Option<u64>,
         packs: Option<&LayerPacks>,
@@ -80,9 +80,10 @@ impl Attention {
             None => (k, v),
         };
         let scale = 1.0 / (d as f64).sqrt();
-        let out = if q.is_autodiff() && ops::applies(&q.device(), q.dtype()) {
-            // Training on the CPU: one fused kernel forward and backward (K/V heads shared).
-            ops::fused_attention(q, k, v, mask, scale)
+        let out = if let Some(job) = &mask.job {
+            // f32 on the CPU: the fused kernel (K/V heads shared, memory linear in the
+            // sequence, the cache's slots read in place), forward and backward.
+            ops::fused_attention_job(q, k, v, job.clone())
         } else {
             // Flex's attention kernel shares K/V heads natively; autodiff's fallback needs them
             // repeated (transformers' `repeat_kv`).
@@ -95,7 +96,7 @@ impl Attention {
                 q,
                 k,
                 v,
-                Some(mask.clone()),
+                Some(mask.tensor.clone()),
                 None,
                 AttentionModuleOptions {
                     scale: Some(scale),
@@ -183,7 +184,7 @@ impl DecoderLayer {
         x: Tensor<3>,
         cos: &Tensor<4>,
         sin: &Tensor<4>,
-        mask: &Tensor<4, Bool>,
+        mask: &LayerMask,
         cache: Option<(&mut KvCache, usize)>,
         seed: Option<u64>,
         packs: Option<&LayerPacks>,
@@ -418,9 +419,15 @@ impl Llama {
         self.embed_tokens.weight.val().dtype()
     }
 
-    /// An empty KV cache sized for this model.
+    /// An empty KV cache sized for this model (its capacity grows as tokens arrive).
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(self.layers.len())
+    }
+
+    /// An empty KV cache for this model that allocates `slots` token slots per row at once
+    /// (prompt + new tokens, padding included, when known: no reallocation while decoding).
+    pub fn new_cache_with_capacity(&self, slots: usize) -> KvCache {
+        KvCache::with_capacity(self.layers.len(), slots)
     }
 
     /// Runs the model over a whole padded batch.
@@ -495,7 +502,14 @@ impl Llama {
         let past_cache = cache.as_deref().unwrap_or(&empty);
         let past = past_cache.len();
         let positions = batch.resolved_positions(past_cache.real_lengths());
-        let mask = attention_mask(batch, past_cache.valid_rows(), past, &device);
+        let head_dim = self.config.head_dim;
+        let mask = LayerMask::new(
+            attention_mask(batch, past_cache.valid_rows(), past),
+            [b, s, past + s],
+            1.0 / (head_dim as f64).sqrt(),
+            ops::applies(&device, dtype),
+            &device,
+        )?;
         let (cos, sin) = self.rope.tables(&positions, b, s, dtype, &device);
 
         let ids = Tensor::<2, Int>::from_data(
@@ -616,18 +630,25 @@ fn project(
     let weight = p.base.weight.val();
     if let Some(adapter) = &p.adapter
         && p.base.bias.is_none()
-        && (adapter.dropout == 0.0 || seed.is_none())
         && !weight.is_require_grad()
         && ops::applies(&flat.device(), flat.dtype())
     {
         // Training the adapter on the CPU: one fused op, the low-rank term added into the
-        // base product's output (and its gradient into the input's).
+        // base product's output (and its gradient into the input's); LoRA dropout (the
+        // unfused path's mask, from the same seed) on the input of A inside it.
+        let dropout = seed
+            .filter(|_| adapter.dropout > 0.0)
+            .map(|seed| ops::LoraDropout {
+                p: adapter.dropout,
+                seed,
+            });
         let y = ops::fused_lora_linear(
             flat,
             weight,
             adapter.lora_a.weight.val(),
             adapter.lora_b.weight.val(),
             adapter.scale,
+            dropout,
         );
         return y.reshape([b, s, out]);
     }
@@ -641,14 +662,32 @@ pub struct LmHead {
     pub weight: burn::module::Param<Tensor<2>>,
 }
 
-/// The boolean mask `[batch, 1, seq, past + seq]` (`true` = masked): a query sees the real
-/// keys at or before its own slot.
-fn attention_mask(
-    batch: &TokenBatch,
-    past_valid: &[Vec<bool>],
-    past: usize,
-    device: &burn::tensor::Device,
-) -> Tensor<4, Bool> {
+/// The attention mask of a forward pass, shared by its layers: the `[batch, 1, seq, keys]`
+/// tensor for Burn's attention and, where the fused kernel serves, its job (built once).
+pub(crate) struct LayerMask {
+    tensor: Tensor<4, Bool>,
+    job: Option<ops::AttentionJob>,
+}
+
+impl LayerMask {
+    fn new(
+        values: Vec<bool>,
+        [b, s, t]: [usize; 3],
+        scale: f64,
+        fused: bool,
+        device: &burn::tensor::Device,
+    ) -> Result<Self> {
+        let tensor = Tensor::from_data(TensorData::new(values.clone(), [b, 1, s, t]), device);
+        let job = fused
+            .then(|| ops::AttentionJob::new(values, b, s, t, scale as f32))
+            .transpose()?;
+        Ok(Self { tensor, job })
+    }
+}
+
+/// The boolean mask `[batch, seq, past + seq]`, row-major (`true` = masked): a query sees
+/// the real keys at or before its own slot.
+fn attention_mask(batch: &TokenBatch, past_valid: &[Vec<bool>], past: usize) -> Vec<bool> {
     let (b, s) = (batch.batch_size(), batch.seq_len());
     let total = past + s;
     let mut data = Vec::with_capacity(b * s * total);
@@ -669,5 +708,5 @@ fn attention_mask(
             }
         }
     }
-    Tensor::from_data(TensorData::new(data, [b, 1, s, total]), device)
+    data
 }

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::module::Param;
@@ -505,28 +504,11 @@ pub fn write_safetensors(
     write_atomic(path, &bytes)
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so
-/// that a crash never leaves a half-written file under the final name.
+/// Writes `bytes` to `path` atomically ([`kd_kernels::write_atomic`]: temporary file, fsync,
+/// rename, fsync of the directory), so that a crash never leaves a half-written file under
+/// the final name.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        ModelError::io(path, e)
-    })
+    kd_kernels::write_atomic(path, bytes).map_err(|e| ModelError::io(path, e))
 }
 
 /// Saves weights in Hugging Face layout: `model.safetensors`, or shards of at most

@@ -4,7 +4,6 @@
 //! prompts). A run killed midway resumes at the first missing shard, so no prompt is lost or
 //! generated twice; a cache made with other settings is refused with the differences.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -538,22 +537,7 @@ impl ScoreCache {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    res.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        TeacherError::io(path, e)
-    })
+    kd_kernels::write_atomic(path, bytes).map_err(|e| TeacherError::io(path, e))
 }
 
 #[cfg(test)]

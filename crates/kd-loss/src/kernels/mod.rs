@@ -1,7 +1,7 @@
 //! Host kernels: whole batches of rows, in parallel (rayon), with an AVX2 build of the row
 //! kernels chosen at run time.
 
-pub mod math;
+pub use kd_kernels::math;
 pub mod row;
 
 use rayon::prelude::*;
@@ -96,7 +96,7 @@ pub(crate) fn kd_row(
     scale: f32,
 ) -> RowStats {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if kd_kernels::cpu::simd() {
         // SAFETY: the CPU supports the features the function was compiled for.
         return unsafe { kd_row_avx2(p, s, t, scratch, g, scale) };
     }
@@ -111,7 +111,7 @@ fn ce_row_avx2(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> O
 
 pub(crate) fn ce_row(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if kd_kernels::cpu::simd() {
         // SAFETY: the CPU supports the features the function was compiled for.
         return unsafe { ce_row_avx2(z, target, g, scale) };
     }
@@ -126,7 +126,7 @@ fn ce_row_in_place_avx2(z: &mut [f32], target: usize, scale: f32) -> Option<f32>
 
 pub(crate) fn ce_row_in_place(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if kd_kernels::cpu::simd() {
         // SAFETY: the CPU supports the features the function was compiled for.
         return unsafe { ce_row_in_place_avx2(z, target, scale) };
     }

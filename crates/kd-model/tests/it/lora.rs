@@ -247,6 +247,39 @@ fn dropout_is_seeded_and_off_in_eval() {
     assert_eq!(run(None), to_vec(peft_model.logits(&batch).unwrap()));
 }
 
+/// With the seed's LoRA defaults (dropout 0.05) a training forward pass on the CPU takes the
+/// fused projection for all seven projections of every layer, dropout included, and its
+/// masks follow the seed.
+#[test]
+fn training_with_dropout_takes_the_fused_projection() {
+    let device = cpu().autodiff();
+    // Trained (non-zero) adapter weights, with the default dropout.
+    let (mut model, _) = Llama::load(crate::util::model_dir("tiny-llama3"), &device)
+        .unwrap()
+        .load_adapter(adapter_dir("peft-r4"))
+        .unwrap();
+    let dropout = LoraConfig::default().dropout;
+    assert_eq!(dropout, 0.05);
+    for p in model_projections(&mut model) {
+        p.adapter.as_mut().unwrap().dropout = dropout;
+    }
+    let batch = TokenBatch::single(&[1, 17, 45, 200, 3, 9, 11]);
+    let run = |seed: u64| {
+        let opts = ForwardOptions {
+            dropout_seed: Some(seed),
+            ..ForwardOptions::default()
+        };
+        let before = kd_model::ops::fused_lora_calls();
+        let logits = model.forward(&batch, &opts).unwrap().logits.unwrap();
+        let calls = kd_model::ops::fused_lora_calls() - before;
+        (to_vec(logits), calls)
+    };
+    let (a, calls) = run(1);
+    assert_eq!(calls, 7 * model.layers.len() as u64);
+    assert_eq!(a, run(1).0, "same seed, same masks");
+    assert_ne!(a, run(2).0, "another seed, other masks");
+}
+
 fn model_projections(model: &mut Llama) -> Vec<&mut kd_model::LoraLinear> {
     let mut out = Vec::new();
     for l in &mut model.layers {

@@ -46,23 +46,13 @@ fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
         .reshape([b, kv * groups, t, d])
 }
 
-#[test]
-fn attention_matches_burn_with_grouped_heads_and_padding() {
-    // 70 queries: two blocks of the kernel's query blocking (64), the second one ragged.
-    let (b, h, kv, s, d) = (3, 4, 2, 70, 8);
-    // Row 0: causal with two left-padding slots (its first two queries see nothing); row 1:
-    // causal, plus one masked key in the middle; row 2: 66 padding slots (a whole block of
-    // queries sees nothing).
-    let mut mask = vec![false; b * s * s];
-    for r in 0..b {
-        for i in 0..s {
-            for j in 0..s {
-                let pad = (r == 0 && j < 2) || (r == 2 && j < 66);
-                let hole = r == 1 && j == 3 && i > 3;
-                mask[(r * s + i) * s + j] = j > i || pad || hole;
-            }
-        }
-    }
+/// The fused attention against Burn's composite attention (K/V heads repeated) on `mask`
+/// (`[b, s, s]`, `true` = masked): output, dq, dk, dv. Returns the output.
+fn check_attention(
+    (b, h, kv, s, d): (usize, usize, usize, usize, usize),
+    mask: Vec<bool>,
+    tol: (f32, f32),
+) -> Vec<f32> {
     let mask = Tensor::<4, Bool>::from_data(TensorData::new(mask, [b, 1, s, s]), &cpu().autodiff());
     let scale = 1.0 / (d as f64).sqrt();
     let run = |fused: bool| {
@@ -72,7 +62,7 @@ fn attention_matches_burn_with_grouped_heads_and_padding() {
             leaf([b, kv, s, d], 3),
         );
         let out = if fused {
-            fused_attention(q.clone(), k.clone(), v.clone(), &mask, scale)
+            fused_attention(q.clone(), k.clone(), v.clone(), &mask, scale).unwrap()
         } else {
             attention(
                 q.clone(),
@@ -98,10 +88,31 @@ fn attention_matches_burn_with_grouped_heads_and_padding() {
     };
     let (out, dq, dk, dv) = run(true);
     let (ref_out, ref_dq, ref_dk, ref_dv) = run(false);
-    assert_close("attention output", &out, &ref_out, 1e-5);
-    assert_close("dq", &dq, &ref_dq, 1e-4);
-    assert_close("dk", &dk, &ref_dk, 1e-4);
-    assert_close("dv", &dv, &ref_dv, 1e-4);
+    assert_close("attention output", &out, &ref_out, tol.0);
+    assert_close("dq", &dq, &ref_dq, tol.1);
+    assert_close("dk", &dk, &ref_dk, tol.1);
+    assert_close("dv", &dv, &ref_dv, tol.1);
+    out
+}
+
+#[test]
+fn attention_matches_burn_with_grouped_heads_and_padding() {
+    // 70 queries: two blocks of the kernel's query blocking (64), the second one ragged.
+    let (b, h, kv, s, d) = (3, 4, 2, 70, 8);
+    // Row 0: causal with two left-padding slots (its first two queries see nothing); row 1:
+    // causal, plus one masked key in the middle; row 2: 66 padding slots (a whole block of
+    // queries sees nothing).
+    let mut mask = vec![false; b * s * s];
+    for r in 0..b {
+        for i in 0..s {
+            for j in 0..s {
+                let pad = (r == 0 && j < 2) || (r == 2 && j < 66);
+                let hole = r == 1 && j == 3 && i > 3;
+                mask[(r * s + i) * s + j] = j > i || pad || hole;
+            }
+        }
+    }
+    let out = check_attention((b, h, kv, s, d), mask, (1e-5, 1e-5));
     // The fully masked query rows give zeros, as Burn's do.
     for (row, seen_from) in [(0, 2), (2, 66)] {
         for head in 0..h {
@@ -112,6 +123,25 @@ fn attention_matches_burn_with_grouped_heads_and_padding() {
             }
         }
     }
+}
+
+/// Sequences longer than one key block (256): the online softmax rescales earlier partial
+/// outputs when a later block raises a row's maximum, and the backward pass recomputes the
+/// probabilities of every block from the log-sum-exp. Row 1 is packed (two segments, the
+/// second starting inside the second key block), row 0 causal with 300 padding slots (a
+/// whole key block and part of the next masked).
+#[test]
+fn attention_over_several_key_blocks_matches_burn() {
+    let (b, h, kv, s, d) = (2, 2, 1, 600, 16);
+    let mut mask = vec![false; b * s * s];
+    for i in 0..s {
+        for j in 0..s {
+            mask[i * s + j] = j > i || j < 300;
+            let seg = |t: usize| usize::from(t >= 333);
+            mask[(s + i) * s + j] = j > i || seg(i) != seg(j);
+        }
+    }
+    check_attention((b, h, kv, s, d), mask, (1e-5, 1e-5));
 }
 
 #[test]
@@ -154,7 +184,7 @@ fn lora_projection_matches_the_adapter_ops() {
     use burn::module::{Module, Param};
     use burn::nn::Linear;
     use kd_lora::{LoraAdapter, LoraLinear};
-    use kd_model::ops::fused_lora_linear;
+    use kd_model::ops::{LoraDropout, fused_lora_linear};
 
     let (n, din, dout, r) = (37, 24, 40, 4);
     let device = cpu().autodiff();
@@ -164,9 +194,10 @@ fn lora_projection_matches_the_adapter_ops() {
             &device,
         )
     };
-    let run = |fused: bool| {
+    let run = |fused: bool, dropout: Option<(f64, u64)>| {
         let x = leaf([n, din], 11);
-        let mut adapter = LoraAdapter::new(din, dout, r, 0.75, 0.0, &device);
+        let p = dropout.map_or(0.0, |(p, _)| p);
+        let mut adapter = LoraAdapter::new(din, dout, r, 0.75, p, &device);
         adapter.lora_a = Linear {
             weight: Param::from_tensor(plain([din, r], 12)),
             bias: None,
@@ -191,9 +222,10 @@ fn lora_projection_matches_the_adapter_ops() {
                 a.lora_a.weight.val(),
                 a.lora_b.weight.val(),
                 a.scale,
+                dropout.map(|(p, seed)| LoraDropout { p, seed }),
             )
         } else {
-            layer.forward(x.clone(), None)
+            layer.forward(x.clone(), dropout.map(|(_, seed)| seed))
         };
         let w = plain([n, dout], 15);
         let grads = (y.clone() * w).sum().backward();
@@ -206,13 +238,22 @@ fn lora_projection_matches_the_adapter_ops() {
             layer.base.weight.val().grad(&grads).is_none(),
         )
     };
-    let (y, dx, da, db, frozen) = run(true);
-    let (ref_y, ref_dx, ref_da, ref_db, _) = run(false);
-    assert_close("lora output", &y, &ref_y, 1e-4);
-    assert_close("dx", &dx, &ref_dx, 1e-4);
-    assert_close("dA", &da, &ref_da, 1e-4);
-    assert_close("dB", &db, &ref_db, 1e-4);
-    assert!(frozen, "the base weight gets no gradient");
+    // Without dropout, then with the seed's default 0.05 and with 0.5 (the unfused path draws
+    // the same mask from the same seed: kd_lora::dropout_mask).
+    for dropout in [None, Some((0.05, 7)), Some((0.5, 8))] {
+        let (y, dx, da, db, frozen) = run(true, dropout);
+        let (ref_y, ref_dx, ref_da, ref_db, _) = run(false, dropout);
+        let what = |t: &str| format!("{t} (dropout {dropout:?})");
+        assert_close(&what("lora output"), &y, &ref_y, 1e-4);
+        assert_close(&what("dx"), &dx, &ref_dx, 1e-4);
+        assert_close(&what("dA"), &da, &ref_da, 1e-4);
+        assert_close(&what("dB"), &db, &ref_db, 1e-4);
+        assert!(frozen, "the base weight gets no gradient");
+    }
+    // Dropout does change the result (the mask is applied, not ignored).
+    let (with, ..) = run(true, Some((0.5, 8)));
+    let (without, ..) = run(true, None);
+    assert!(with.iter().zip(&without).any(|(a, b)| (a - b).abs() > 1e-3));
 }
 
 #[test]
@@ -290,18 +331,18 @@ fn mismatched_operands_panic_instead_of_reading_out_of_bounds() {
         let _ = fused_attention(q, k, v, &mask, 0.5);
     }));
     assert!(e.contains("masked_attention") && e.contains("mask"), "{e}");
-    // Spans reaching past the keys, through the backend trait with a job of our own.
+    // A job whose mask does not have the size it claims is refused when it is built.
+    let e = AttentionJob::new(vec![false; 15], 1, 4, 4, 1.0).unwrap_err();
+    assert!(e.to_string().contains("15 entries"), "{e}");
+    assert!(AttentionJob::new(vec![false; 16], 1, 4, 4, f32::NAN).is_err());
+    // A job for other dimensions than the operands', through the backend trait.
     let (q, k, v) = (
         t4([1, 1, 4, 4], 1),
         t4([1, 1, 4, 4], 2),
         t4([1, 1, 4, 4], 3),
     );
     let e = message(Box::new(move || {
-        let job = AttentionJob {
-            mask: vec![false; 16].into(),
-            spans: vec![(0, 400)].into(),
-            scale: 1.0,
-        };
+        let job = AttentionJob::new(vec![false; 40], 1, 4, 10, 1.0).unwrap();
         let _ = <Dispatch as TrainOpsBackend>::masked_attention(
             q.into_dispatch(),
             k.into_dispatch(),
@@ -309,7 +350,7 @@ fn mismatched_operands_panic_instead_of_reading_out_of_bounds() {
             job,
         );
     }));
-    assert!(e.contains("key spans"), "{e}");
+    assert!(e.contains("the mask must be"), "{e}");
     // K/V heads that do not divide the query heads.
     let (q, k, v) = (
         t4([1, 3, 4, 4], 1),
@@ -325,7 +366,7 @@ fn mismatched_operands_panic_instead_of_reading_out_of_bounds() {
     // A LoRA B of the wrong width.
     let (x, w, a, b) = (t(&[5, 6], 1), t(&[6, 7], 2), t(&[6, 2], 3), t(&[2, 9], 4));
     let e = message(Box::new(move || {
-        let _ = fused_lora_linear(x, w, a, b, 1.0);
+        let _ = fused_lora_linear(x, w, a, b, 1.0, None);
     }));
     assert!(e.contains("lora_linear") && e.contains("[2, 9]"), "{e}");
     // SwiGLU halves of different sizes; RMSNorm's gamma not the last axis.

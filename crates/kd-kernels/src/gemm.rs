@@ -1,0 +1,376 @@
+//! A safe, slice-based wrapper of the `gemm` crate's f32 matrix product.
+//!
+//! A [`MatRef`] or [`MatMut`] is a slice plus a shape and strides; its constructor checks
+//! that every element it names lies inside the slice (and, for destinations, that no two
+//! elements share a place). [`matmul`] checks that the shapes chain. Only then are pointers
+//! formed, so no call through this module can read or write out of bounds. Transposes are
+//! views with swapped strides ([`MatRef::t`]).
+
+use gemm::Parallelism;
+
+use crate::KernelError;
+
+/// Values one view spans: its last index + 1 (0 when empty).
+fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
+    }
+}
+
+fn check(rows: usize, cols: usize, rs: usize, cs: usize, len: usize) -> Result<(), KernelError> {
+    let needed = extent(rows, cols, rs, cs);
+    if needed > len {
+        return Err(KernelError::OutOfBounds {
+            rows,
+            cols,
+            row_stride: rs,
+            col_stride: cs,
+            needed,
+            len,
+        });
+    }
+    Ok(())
+}
+
+/// A read-only `rows × cols` matrix inside a slice: element `(i, j)` is
+/// `data[i · row_stride + j · col_stride]`.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// A strided view; an error when it reaches past the slice.
+    pub fn new(
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Result<Self, KernelError> {
+        check(rows, cols, row_stride, col_stride, data.len())?;
+        Ok(Self {
+            data,
+            rows,
+            cols,
+            rs: row_stride,
+            cs: col_stride,
+        })
+    }
+
+    /// A row-major `rows × cols` view of the slice's start.
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Result<Self, KernelError> {
+        Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// Rows of row stride `row_stride` (≥ `cols` for distinct rows) at the slice's start.
+    pub fn rows(
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+    ) -> Result<Self, KernelError> {
+        Self::new(data, rows, cols, row_stride, 1)
+    }
+
+    /// The transpose (the same values, strides swapped).
+    pub fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+}
+
+/// A writable `rows × cols` matrix of contiguous rows inside a slice: element `(i, j)` is
+/// `data[i · row_stride + j]`, with `row_stride ≥ cols` so that no two elements alias.
+#[derive(Debug)]
+pub struct MatMut<'a> {
+    data: &'a mut [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+}
+
+impl<'a> MatMut<'a> {
+    /// Rows of `cols` values, `row_stride` apart; an error when they reach past the slice
+    /// or overlap.
+    pub fn rows(
+        data: &'a mut [f32],
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+    ) -> Result<Self, KernelError> {
+        if rows > 1 && row_stride < cols {
+            return Err(KernelError::OverlappingRows {
+                rows,
+                cols,
+                row_stride,
+            });
+        }
+        check(rows, cols, row_stride, 1, data.len())?;
+        Ok(Self {
+            data,
+            rows,
+            cols,
+            rs: row_stride,
+        })
+    }
+
+    /// A row-major `rows × cols` view of the slice's start.
+    pub fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Result<Self, KernelError> {
+        Self::rows(data, rows, cols, cols)
+    }
+
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+}
+
+/// Whether the destination's old values are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// `dst = alpha · lhs · rhs`.
+    Overwrite,
+    /// `dst += alpha · lhs · rhs`.
+    Accumulate,
+}
+
+/// Threads of one product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// On the calling thread (callers that parallelise over independent products).
+    One,
+    /// On rayon's pool.
+    All,
+    /// On rayon's pool when the product has at least 2¹⁸ multiply-adds, else on the
+    /// calling thread.
+    Auto,
+}
+
+impl Threads {
+    fn parallelism(self, m: usize, n: usize, k: usize) -> Parallelism {
+        match self {
+            Self::One => Parallelism::None,
+            Self::All => Parallelism::Rayon(0),
+            Self::Auto if m.saturating_mul(n).saturating_mul(k) >= 1 << 18 => Parallelism::Rayon(0),
+            Self::Auto => Parallelism::None,
+        }
+    }
+}
+
+fn chain(dst: (usize, usize), lhs: &MatRef, rhs: &MatRef) -> Result<(), KernelError> {
+    if lhs.rows != dst.0 || rhs.cols != dst.1 || lhs.cols != rhs.rows {
+        return Err(KernelError::Shapes {
+            dst_rows: dst.0,
+            dst_cols: dst.1,
+            lhs_rows: lhs.rows,
+            lhs_cols: lhs.cols,
+            rhs_rows: rhs.rows,
+            rhs_cols: rhs.cols,
+        });
+    }
+    Ok(())
+}
+
+/// `dst (+)= alpha · lhs · rhs`; an error when the shapes do not chain
+/// (`lhs [m, k] · rhs [k, n] → dst [m, n]`).
+pub fn matmul(
+    dst: MatMut<'_>,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    write: Write,
+    alpha: f32,
+    threads: Threads,
+) -> Result<(), KernelError> {
+    chain((dst.rows, dst.cols), &lhs, &rhs)?;
+    let (m, n) = (dst.rows, dst.cols);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let accumulate = write == Write::Accumulate;
+    // SAFETY: the constructors checked that every (i, j) of each view, under its strides,
+    // lies inside its slice, and that the destination's elements are distinct; `dst` is a
+    // unique borrow, so it aliases neither operand; the shapes chain (checked above).
+    unsafe {
+        raw(
+            (dst.data.as_mut_ptr(), dst.rs),
+            accumulate,
+            &lhs,
+            &rhs,
+            alpha,
+            threads,
+        )
+    };
+    Ok(())
+}
+
+/// The `gemm` call: `dst (+)= alpha · lhs · rhs` with `dst` row-major at stride `dst.1`.
+///
+/// # Safety
+/// `dst` must be valid for writes (and for reads when `accumulate`) of `lhs.rows` rows of
+/// `rhs.cols` values at its stride, alias neither operand, and the shapes must chain.
+unsafe fn raw(
+    dst: (*mut f32, usize),
+    accumulate: bool,
+    lhs: &MatRef<'_>,
+    rhs: &MatRef<'_>,
+    alpha: f32,
+    threads: Threads,
+) {
+    let (m, n, k) = (lhs.rows, rhs.cols, lhs.cols);
+    // SAFETY: forwarded contract; the operands' views were checked by their constructors.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.0,
+            1,
+            dst.1 as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            alpha,
+            false,
+            false,
+            false,
+            threads.parallelism(m, n, k),
+        );
+    }
+}
+
+/// `dst = alpha · lhs · rhs` into a vector cleared and refilled with the `[m, n]` product,
+/// row-major, without zeroing it first (the product writes every element).
+pub fn matmul_into(
+    dst: &mut Vec<f32>,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    alpha: f32,
+    threads: Threads,
+) -> Result<(), KernelError> {
+    let (m, n) = (lhs.rows, rhs.cols);
+    chain((m, n), &lhs, &rhs)?;
+    dst.clear();
+    let len = m.checked_mul(n).expect("product size overflows usize");
+    dst.reserve(len);
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: `dst` has capacity for m × n values, written row-major with row stride n; the
+    // product does not read the destination (`accumulate` false) and writes every element
+    // before `set_len` exposes them. The operands were checked by their constructors and do
+    // not alias `dst` (a unique borrow).
+    unsafe {
+        raw((dst.as_mut_ptr(), n), false, &lhs, &rhs, alpha, threads);
+        dst.set_len(len);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn products_transposes_and_accumulation() {
+        let (m, k, n) = (5, 7, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 11) as f32 - 5.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.5).collect();
+        let want = naive(&a, &b, m, k, n);
+        let mut c = vec![1f32; m * n];
+        matmul(
+            MatMut::row_major(&mut c, m, n).unwrap(),
+            MatRef::row_major(&a, m, k).unwrap(),
+            MatRef::row_major(&b, k, n).unwrap(),
+            Write::Overwrite,
+            1.0,
+            Threads::One,
+        )
+        .unwrap();
+        assert_eq!(c, want);
+        // bᵀ stored row-major, read back through a transposed view; accumulate twice alpha.
+        let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        matmul(
+            MatMut::row_major(&mut c, m, n).unwrap(),
+            MatRef::row_major(&a, m, k).unwrap(),
+            MatRef::row_major(&bt, n, k).unwrap().t(),
+            Write::Accumulate,
+            2.0,
+            Threads::All,
+        )
+        .unwrap();
+        assert!(c.iter().zip(&want).all(|(c, w)| *c == 3.0 * w));
+        let mut v = Vec::new();
+        matmul_into(
+            &mut v,
+            MatRef::row_major(&a, m, k).unwrap(),
+            MatRef::row_major(&b, k, n).unwrap(),
+            1.0,
+            Threads::Auto,
+        )
+        .unwrap();
+        assert_eq!(v, want);
+    }
+
+    #[test]
+    fn views_past_their_slice_and_unchained_shapes_are_errors() {
+        let a = [0f32; 12];
+        assert!(matches!(
+            MatRef::row_major(&a, 4, 4),
+            Err(KernelError::OutOfBounds {
+                needed: 16,
+                len: 12,
+                ..
+            })
+        ));
+        // A strided view reaching one past the end.
+        assert!(MatRef::new(&a, 3, 2, 6, 1).is_err());
+        assert!(MatRef::new(&a, 3, 2, 5, 1).is_ok());
+        let mut c = [0f32; 12];
+        assert!(matches!(
+            MatMut::rows(&mut c, 3, 4, 3),
+            Err(KernelError::OverlappingRows { .. })
+        ));
+        let e = matmul(
+            MatMut::row_major(&mut c, 3, 4).unwrap(),
+            MatRef::row_major(&a, 3, 4).unwrap(),
+            MatRef::row_major(&a, 3, 4).unwrap(),
+            Write::Overwrite,
+            1.0,
+            Threads::One,
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "cannot multiply [3, 4] · [3, 4] into [3, 4]");
+    }
+}

@@ -1,0 +1,570 @@
+//! Masked attention with grouped K/V heads, FlashAttention-2 style on the CPU.
+//!
+//! Forward: per (batch row, query head), blocks of [`QUERY_BLOCK`] queries walk blocks of
+//! [`KEY_BLOCK`] keys with an online softmax (running maximum and sum per query; earlier
+//! partial outputs rescaled when the maximum grows), so that only one block of scores exists
+//! at a time; what is kept for the backward pass is the output and one log-sum-exp per query.
+//! Backward: per (batch row, K/V head), the probabilities of each block are recomputed from the
+//! scores and the log-sum-exp, and dQ, dK, dV accumulated block by block (`D = rowsum(dO ⊙ O)`
+//! replaces the softmax's row dot product). Memory is linear in the sequence: O(batch · heads ·
+//! seq · head_dim) plus one score block per thread, where keeping the probabilities took
+//! `batch · heads · seq · keys` floats (34 GB for the Llama-3.2-1B shape at 4 × 2048).
+//!
+//! Each query block only visits the keys between the first and the last one any of its rows
+//! may see ([`AttentionJob`]'s key spans: about half the work when causal). K and V may be
+//! views into a larger buffer (the KV cache's capacity): each head's keys are contiguous, and
+//! heads are `head stride` values apart.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, DType, Tensor};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::base::Checkpointer;
+use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_flex::FlexTensor;
+use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul};
+use kd_kernels::math::{self, exp, ln};
+use kd_kernels::{dispatch, f32_view};
+use rayon::prelude::*;
+
+use super::{AdTensor, TrainOpsBackend, flex, shape};
+use crate::error::{ModelError, Result};
+
+/// Query rows per block.
+pub(crate) const QUERY_BLOCK: usize = 64;
+/// Keys per block of the online softmax.
+pub(crate) const KEY_BLOCK: usize = 256;
+
+/// The mask and scale of one attention call, with the key span of every block of queries.
+///
+/// Built by [`AttentionJob::new`], which checks the mask's size and derives the spans, so
+/// that a job always describes its mask.
+#[derive(Debug, Clone)]
+pub struct AttentionJob {
+    mask: Arc<[bool]>,
+    spans: Arc<[(usize, usize)]>,
+    scale: f32,
+    batch: usize,
+    seq: usize,
+    keys: usize,
+}
+
+impl AttentionJob {
+    /// A job for `mask` (`[batch, seq, keys]` row-major, `true` = masked out, shared by all
+    /// heads) and the score multiplier `scale`; an error when the mask has the wrong size or
+    /// the scale is not finite.
+    pub fn new(mask: Vec<bool>, batch: usize, seq: usize, keys: usize, scale: f32) -> Result<Self> {
+        if mask.len() != batch * seq * keys {
+            return Err(ModelError::Input(format!(
+                "attention: a mask of {} entries for [batch, seq, keys] = [{batch}, {seq}, {keys}]",
+                mask.len()
+            )));
+        }
+        if !scale.is_finite() {
+            return Err(ModelError::Input(format!(
+                "attention: the score scale must be finite, got {scale}"
+            )));
+        }
+        let spans = key_spans(&mask, batch, seq, keys);
+        Ok(Self {
+            mask: mask.into(),
+            spans: spans.into(),
+            scale,
+            batch,
+            seq,
+            keys,
+        })
+    }
+
+    /// A job for a `[batch, 1, seq, keys]` boolean mask tensor.
+    pub fn from_mask(mask: &Tensor<4, Bool>, scale: f64) -> Result<Self> {
+        let [b, one, s, t] = mask.dims();
+        if one != 1 {
+            return Err(ModelError::Input(format!(
+                "attention: the mask must be [batch, 1, seq, keys], got {:?}",
+                mask.dims()
+            )));
+        }
+        let values = mask
+            .clone()
+            .into_data()
+            .convert::<bool>()
+            .try_into_vec::<bool>()
+            .map_err(|e| ModelError::Input(format!("attention: the mask is not boolean: {e:?}")))?;
+        Self::new(values, b, s, t, scale as f32)
+    }
+
+    /// `(batch, seq, keys)` of the mask.
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.batch, self.seq, self.keys)
+    }
+}
+
+/// For each batch row and block of [`QUERY_BLOCK`] queries, the key range `k0..k1` that
+/// holds every unmasked key of the block (`(0, 0)` when the block sees none).
+fn key_spans(mask: &[bool], b: usize, s: usize, t: usize) -> Vec<(usize, usize)> {
+    let blocks = s.div_ceil(QUERY_BLOCK);
+    let mut spans = Vec::with_capacity(b * blocks);
+    for bi in 0..b {
+        for blk in 0..blocks {
+            let (mut k0, mut k1) = (t, 0);
+            for i in blk * QUERY_BLOCK..((blk + 1) * QUERY_BLOCK).min(s) {
+                let row = &mask[(bi * s + i) * t..][..t];
+                if let Some(first) = row.iter().position(|m| !m) {
+                    let last = row.iter().rposition(|m| !m).unwrap_or(first);
+                    k0 = k0.min(first);
+                    k1 = k1.max(last + 1);
+                }
+            }
+            spans.push(if k1 > k0 { (k0, k1) } else { (0, 0) });
+        }
+    }
+    spans
+}
+
+/// Dimensions of a call; K and V heads start `head_stride` values apart (`keys · d` unless
+/// they are views of a larger cache).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttnDims {
+    pub(crate) b: usize,
+    pub(crate) h: usize,
+    pub(crate) kv: usize,
+    pub(crate) s: usize,
+    pub(crate) t: usize,
+    pub(crate) d: usize,
+}
+
+/// The dimensions of an attention call, after checking that every operand fits them and the
+/// job (a panic naming the shapes: the model builds these operands itself).
+fn attention_dims(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    job: &AttentionJob,
+    backward: Option<(&FlexTensor, &FlexTensor, &FlexTensor)>,
+) -> AttnDims {
+    let (qs, ks, vs) = (shape(q), shape(k), shape(v));
+    assert!(
+        qs.len() == 4 && ks.len() == 4 && ks == vs,
+        "masked_attention: q {qs:?}, k {ks:?} and v {vs:?} must be [b, h, s, d], [b, kv, t, d], [b, kv, t, d]"
+    );
+    let (b, h, s, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let (kb, kv, t, kd) = (ks[0], ks[1], ks[2], ks[3]);
+    assert!(
+        kb == b && kd == d && kv > 0 && h % kv == 0,
+        "masked_attention: q {qs:?} and k {ks:?} do not agree (batch, head width, heads a multiple of the K/V heads)"
+    );
+    assert_eq!(
+        job.dims(),
+        (b, s, t),
+        "masked_attention: the mask must be [b, s, t] = [{b}, {s}, {t}]"
+    );
+    if let Some((out, lse, dout)) = backward {
+        assert_eq!(
+            shape(out),
+            qs,
+            "masked_attention_backward: the output's shape"
+        );
+        assert_eq!(
+            shape(lse),
+            [b, h, s],
+            "masked_attention_backward: the log-sum-exp's shape"
+        );
+        assert_eq!(
+            shape(dout),
+            qs,
+            "masked_attention_backward: the output gradient's shape"
+        );
+    }
+    AttnDims { b, h, kv, s, t, d }
+}
+
+/// The values of a K or V tensor `[b, kv, t, d]` and the distance between its heads: the
+/// storage itself when each head's `t · d` values are contiguous (a view of the first `t`
+/// slots of a larger cache qualifies), a contiguous copy otherwise.
+fn head_view(x: &FlexTensor) -> (Cow<'_, [f32]>, usize) {
+    let dims = shape(x);
+    let (heads, t, d) = (dims[0] * dims[1], dims[2], dims[3]);
+    let layout = x.layout();
+    let st = layout.strides();
+    if x.dtype() == DType::F32 && layout.start_offset() == 0 && heads > 0 && t > 0 {
+        let (b, kv) = (dims[0], dims[1]);
+        // The distance between consecutive heads (a size-1 axis's stride is arbitrary).
+        let hs = if kv > 1 {
+            st[1]
+        } else if b > 1 {
+            st[0]
+        } else {
+            (t * d) as isize
+        };
+        let rows_contiguous = (t == 1 || st[2] == d as isize) && (d == 1 || st[3] == 1);
+        let heads_even = kv == 1 || b == 1 || st[0] == hs * kv as isize;
+        if rows_contiguous && heads_even && hs >= (t * d) as isize {
+            let hs = hs as usize;
+            let storage = x.storage::<f32>();
+            let needed = (heads - 1) * hs + t * d;
+            if storage.len() >= needed {
+                return (Cow::Borrowed(&storage[..needed]), hs);
+            }
+        }
+    }
+    (f32_view(x), t * d)
+}
+
+dispatch! {
+    /// One block of scores of one query row into probabilities against the running maximum
+    /// `state.0` and sum `state.1` (online softmax); `state.2` receives the factor the row's
+    /// earlier partial output must be multiplied by. Masked scores become 0.
+    fn online_softmax_row(row: &mut [f32], mask: &[bool], state: &mut (f32, f32, f32)) {
+        for (x, m) in row.iter_mut().zip(mask) {
+            if *m {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        let block_max = math::max(row);
+        if block_max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            state.2 = 1.0;
+            return;
+        }
+        let (m, l) = (state.0, state.1);
+        let m_new = if block_max > m { block_max } else { m };
+        let correction = if m == f32::NEG_INFINITY { 0.0 } else { exp(m - m_new) };
+        for x in row.iter_mut() {
+            *x = exp(*x - m_new);
+        }
+        let sum = math::sum_map(row, |x| x);
+        *state = (m_new, l * correction + sum, correction);
+    }
+}
+
+dispatch! {
+    /// Recomputed probabilities of one block of scores: `exp(score − lse)`, 0 where masked.
+    fn probabilities_row(row: &mut [f32], mask: &[bool], lse: f32) {
+        for (x, m) in row.iter_mut().zip(mask) {
+            *x = if *m { 0.0 } else { exp(*x - lse) };
+        }
+    }
+}
+
+dispatch! {
+    /// dS = P ⊙ (dP − D) · scale for one row, in place of dP.
+    fn score_grad_row(ds: &mut [f32], probs: &[f32], dot: f32, scale: f32) {
+        for (x, p) in ds.iter_mut().zip(probs) {
+            *x = p * (*x - dot) * scale;
+        }
+    }
+}
+
+const GEMM: &str = "attention block shapes";
+
+/// The output `[b, h, s, d]` and per-query log-sum-exp `[b, h, s]` (−∞ for queries that see
+/// no key, whose output is 0). `k`, `v`: heads `hs` values apart.
+pub(crate) fn forward(
+    q: &[f32],
+    (k, v, hs): (&[f32], &[f32], usize),
+    job: &AttentionJob,
+    n: AttnDims,
+) -> (Vec<f32>, Vec<f32>) {
+    let AttnDims { b, h, kv, s, t, d } = n;
+    let (mask, spans, scale) = (&job.mask, &job.spans, job.scale);
+    let groups = h / kv;
+    let simd = kd_kernels::cpu::simd();
+    let mut out = vec![0f32; b * h * s * d];
+    let mut lse = vec![f32::NEG_INFINITY; b * h * s];
+    let blocks = s.div_ceil(QUERY_BLOCK);
+    out.par_chunks_mut(s * d)
+        .zip(lse.par_chunks_mut(s))
+        .enumerate()
+        .for_each(|(bh, (o, lse))| {
+            let (bi, hi) = (bh / h, bh % h);
+            let g = bi * kv + hi / groups;
+            let qh = &q[bh * s * d..][..s * d];
+            let kh = &k[g * hs..][..t * d];
+            let vh = &v[g * hs..][..t * d];
+            let mh = &mask[bi * s * t..][..s * t];
+            let mut scores = vec![0f32; QUERY_BLOCK * KEY_BLOCK.min(t)];
+            let mut state = [(f32::NEG_INFINITY, 0f32, 1f32); QUERY_BLOCK];
+            for (blk, &(k0, k1)) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
+                if k1 == 0 {
+                    continue; // rows that see no key: output 0, lse −∞
+                }
+                let i0 = blk * QUERY_BLOCK;
+                let rb = QUERY_BLOCK.min(s - i0);
+                state[..rb].fill((f32::NEG_INFINITY, 0.0, 1.0));
+                for kb0 in (k0..k1).step_by(KEY_BLOCK) {
+                    let kl = KEY_BLOCK.min(k1 - kb0);
+                    let sc = &mut scores[..rb * kl];
+                    // scores = scale · Q Kᵀ
+                    matmul(
+                        MatMut::row_major(sc, rb, kl).expect(GEMM),
+                        MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM),
+                        MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM).t(),
+                        Write::Overwrite,
+                        scale,
+                        Threads::One,
+                    )
+                    .expect(GEMM);
+                    for (r, st) in state[..rb].iter_mut().enumerate() {
+                        let at = (i0 + r) * t + kb0;
+                        online_softmax_row(simd, &mut sc[r * kl..][..kl], &mh[at..at + kl], st);
+                        if st.2 != 1.0 {
+                            for x in &mut o[(i0 + r) * d..][..d] {
+                                *x *= st.2;
+                            }
+                        }
+                    }
+                    // O += P V
+                    matmul(
+                        MatMut::rows(&mut o[i0 * d..], rb, d, d).expect(GEMM),
+                        MatRef::row_major(sc, rb, kl).expect(GEMM),
+                        MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM),
+                        Write::Accumulate,
+                        1.0,
+                        Threads::One,
+                    )
+                    .expect(GEMM);
+                }
+                for (r, &(m, l, _)) in state[..rb].iter().enumerate() {
+                    if l > 0.0 {
+                        let inv = 1.0 / l;
+                        for x in &mut o[(i0 + r) * d..][..d] {
+                            *x *= inv;
+                        }
+                        lse[i0 + r] = m + ln(l);
+                    }
+                }
+            }
+        });
+    (out, lse)
+}
+
+/// `(dq, dk, dv)` from the operands, the forward's output and log-sum-exp, and the output
+/// gradient; `dk`, `dv` are contiguous `[b, kv, t, d]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    q: &[f32],
+    (k, v, hs): (&[f32], &[f32], usize),
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+    job: &AttentionJob,
+    n: AttnDims,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let AttnDims { b, h, kv, s, t, d } = n;
+    let (mask, spans, scale) = (&job.mask, &job.spans, job.scale);
+    let groups = h / kv;
+    let simd = kd_kernels::cpu::simd();
+    let mut dq = vec![0f32; b * h * s * d];
+    let mut dk = vec![0f32; b * kv * t * d];
+    let mut dv = vec![0f32; b * kv * t * d];
+    let blocks = s.div_ceil(QUERY_BLOCK);
+    // One task per (batch, KV head): the query heads of a group add into the same dK, dV.
+    dq.par_chunks_mut(groups * s * d)
+        .zip(dk.par_chunks_mut(t * d))
+        .zip(dv.par_chunks_mut(t * d))
+        .enumerate()
+        .for_each(|(bg, ((dqg, dkg), dvg))| {
+            let bi = bg / kv;
+            let kh = &k[bg * hs..][..t * d];
+            let vh = &v[bg * hs..][..t * d];
+            let mh = &mask[bi * s * t..][..s * t];
+            let block = QUERY_BLOCK * KEY_BLOCK.min(t);
+            let (mut p, mut ds) = (vec![0f32; block], vec![0f32; block]);
+            let mut dots = [0f32; QUERY_BLOCK];
+            for j in 0..groups {
+                let bh = bi * h + (bg % kv) * groups + j;
+                let qh = &q[bh * s * d..][..s * d];
+                let oh = &out[bh * s * d..][..s * d];
+                let doh = &dout[bh * s * d..][..s * d];
+                let lh = &lse[bh * s..][..s];
+                let dqh = &mut dqg[j * s * d..][..s * d];
+                for (blk, &(k0, k1)) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
+                    if k1 == 0 {
+                        continue;
+                    }
+                    let i0 = blk * QUERY_BLOCK;
+                    let rb = QUERY_BLOCK.min(s - i0);
+                    for (r, dot) in dots[..rb].iter_mut().enumerate() {
+                        let at = (i0 + r) * d;
+                        *dot = math::sum_map2(&doh[at..at + d], &oh[at..at + d], |a, b| a * b);
+                    }
+                    for kb0 in (k0..k1).step_by(KEY_BLOCK) {
+                        let kl = KEY_BLOCK.min(k1 - kb0);
+                        let (pb, db) = (&mut p[..rb * kl], &mut ds[..rb * kl]);
+                        let q_blk = MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM);
+                        let do_blk = MatRef::rows(&doh[i0 * d..], rb, d, d).expect(GEMM);
+                        let k_blk = MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM);
+                        let v_blk = MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM);
+                        // P = exp(scale · Q Kᵀ − lse)
+                        matmul(
+                            MatMut::row_major(pb, rb, kl).expect(GEMM),
+                            q_blk,
+                            k_blk.t(),
+                            Write::Overwrite,
+                            scale,
+                            Threads::One,
+                        )
+                        .expect(GEMM);
+                        for r in 0..rb {
+                            let at = (i0 + r) * t + kb0;
+                            let row = &mut pb[r * kl..][..kl];
+                            if lh[i0 + r] == f32::NEG_INFINITY {
+                                row.fill(0.0);
+                            } else {
+                                probabilities_row(simd, row, &mh[at..at + kl], lh[i0 + r]);
+                            }
+                        }
+                        // dV += Pᵀ dO
+                        matmul(
+                            MatMut::rows(&mut dvg[kb0 * d..], kl, d, d).expect(GEMM),
+                            MatRef::row_major(pb, rb, kl).expect(GEMM).t(),
+                            do_blk,
+                            Write::Accumulate,
+                            1.0,
+                            Threads::One,
+                        )
+                        .expect(GEMM);
+                        // dP = dO Vᵀ, then dS = P ⊙ (dP − D) · scale
+                        matmul(
+                            MatMut::row_major(db, rb, kl).expect(GEMM),
+                            do_blk,
+                            v_blk.t(),
+                            Write::Overwrite,
+                            1.0,
+                            Threads::One,
+                        )
+                        .expect(GEMM);
+                        for (r, dot) in dots[..rb].iter().enumerate() {
+                            let range = r * kl..(r + 1) * kl;
+                            score_grad_row(simd, &mut db[range.clone()], &pb[range], *dot, scale);
+                        }
+                        // dQ += dS K, dK += dSᵀ Q
+                        matmul(
+                            MatMut::rows(&mut dqh[i0 * d..], rb, d, d).expect(GEMM),
+                            MatRef::row_major(db, rb, kl).expect(GEMM),
+                            k_blk,
+                            Write::Accumulate,
+                            1.0,
+                            Threads::One,
+                        )
+                        .expect(GEMM);
+                        matmul(
+                            MatMut::rows(&mut dkg[kb0 * d..], kl, d, d).expect(GEMM),
+                            MatRef::row_major(db, rb, kl).expect(GEMM).t(),
+                            q_blk,
+                            Write::Accumulate,
+                            1.0,
+                            Threads::One,
+                        )
+                        .expect(GEMM);
+                    }
+                }
+            }
+        });
+    (dq, dk, dv)
+}
+
+/// [`TrainOpsBackend::masked_attention`] on the CPU backend.
+pub(crate) fn flex_forward(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    job: AttentionJob,
+) -> (FlexTensor, FlexTensor) {
+    let n = attention_dims(&q, &k, &v, &job, None);
+    let (kh, hs) = head_view(&k);
+    let (vh, vs) = head_view(&v);
+    let (kh, vh, hs) = if hs == vs {
+        (kh, vh, hs)
+    } else {
+        // Differently strided K and V: both contiguous.
+        (f32_view(&k), f32_view(&v), n.t * n.d)
+    };
+    let (out, lse) = forward(&f32_view(&q), (&kh, &vh, hs), &job, n);
+    (
+        flex(out, vec![n.b, n.h, n.s, n.d]),
+        flex(lse, vec![n.b, n.h, n.s]),
+    )
+}
+
+/// [`TrainOpsBackend::masked_attention_backward`] on the CPU backend.
+pub(crate) fn flex_backward(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    (out, lse, dout): (FlexTensor, FlexTensor, FlexTensor),
+    job: AttentionJob,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let n = attention_dims(&q, &k, &v, &job, Some((&out, &lse, &dout)));
+    let (dq, dk, dv) = backward(
+        &f32_view(&q),
+        (&f32_view(&k), &f32_view(&v), n.t * n.d),
+        &f32_view(&out),
+        &f32_view(&lse),
+        &f32_view(&dout),
+        &job,
+        n,
+    );
+    (
+        flex(dq, vec![n.b, n.h, n.s, n.d]),
+        flex(dk, vec![n.b, n.kv, n.t, n.d]),
+        flex(dv, vec![n.b, n.kv, n.t, n.d]),
+    )
+}
+
+/// The autodiff node: forward on the inner backend, keeping `(q, k, v, out, lse, job)`.
+pub(crate) fn autodiff_forward<B: Backend + TrainOpsBackend, C: CheckpointStrategy>(
+    q: AdTensor<B, C>,
+    k: AdTensor<B, C>,
+    v: AdTensor<B, C>,
+    job: AttentionJob,
+) -> (AdTensor<B, C>, AdTensor<B, C>) {
+    #[derive(Debug)]
+    struct AttentionBackward;
+
+    type State<B> = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        AttentionJob,
+    );
+
+    impl<B: Backend + TrainOpsBackend> Backward<B, 3> for AttentionBackward {
+        type State = State<B>;
+
+        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let (q, k, v, out, lse, job) = ops.state;
+            let dout = grads.consume::<B>(&ops.node);
+            let (dq, dk, dv) = B::masked_attention_backward(q, k, v, out, lse, dout, job);
+            for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+                if let Some(node) = parent {
+                    grads.register::<B>(node.id, grad);
+                }
+            }
+        }
+    }
+
+    let guards = [q.node(), k.node(), v.node()];
+    let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
+    let (out, lse) = B::masked_attention(q.clone(), k.clone(), v.clone(), job.clone());
+    let tracked = match AttentionBackward
+        .prepare::<C>(guards)
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse.clone(), job), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    (
+        tracked,
+        <Autodiff<B, C> as AutodiffBackend>::from_inner(lse),
+    )
+}
