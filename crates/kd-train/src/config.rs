@@ -64,9 +64,11 @@ pub struct TrainConfig {
     pub train_batch_size: usize,
     /// Micro-batches per optimizer step.
     pub gradient_accumulation_steps: usize,
-    /// Data-parallel replicas (devices); the global batch of a step is
-    /// replicas × train_batch_size × gradient_accumulation_steps rows.
-    pub data_parallel: usize,
+    /// Shards each micro-batch is split into, run one after another on the one training
+    /// device with their gradients summed: gradient accumulation that computes exactly what as
+    /// many data-parallel replicas would (training on several devices is not implemented).
+    /// The rows of a step are shards × train_batch_size × gradient_accumulation_steps.
+    pub accumulation_shards: usize,
     /// Save `checkpoint-{step}` every this many steps (0 = never).
     pub save_steps: usize,
     /// Keep at most this many step checkpoints (the oldest are pruned).
@@ -103,7 +105,7 @@ impl Default for TrainConfig {
             max_grad_norm: 1.0,
             train_batch_size: 4,
             gradient_accumulation_steps: 4,
-            data_parallel: 1,
+            accumulation_shards: 1,
             save_steps: 500,
             save_total_limit: Some(3),
             save_epoch_checkpoints: true,
@@ -126,8 +128,8 @@ impl TrainConfig {
         if self.gradient_accumulation_steps == 0 {
             return bad("`gradient_accumulation_steps` must be positive");
         }
-        if self.data_parallel == 0 {
-            return bad("`data_parallel` must be positive");
+        if self.accumulation_shards == 0 {
+            return bad("`accumulation_shards` must be positive");
         }
         if self.num_epochs == 0 && self.max_steps.is_none() {
             return bad("`num_epochs` is 0 and `max_steps` unset: nothing to train");
@@ -152,7 +154,7 @@ impl TrainConfig {
 
     /// Rows per optimizer step over all replicas and micro-batches.
     pub fn effective_batch_size(&self) -> usize {
-        self.data_parallel * self.train_batch_size * self.gradient_accumulation_steps
+        self.accumulation_shards * self.train_batch_size * self.gradient_accumulation_steps
     }
 
     /// Warmup steps for a run of `total` steps.

@@ -1,8 +1,9 @@
 //! The training loop shared by the speculator and distill pipelines, on Burn's autodiff.
 //!
 //! - [`TrainConfig`]: the seed's flags (epochs, `max_steps`, AdamW, warmup + cosine/linear/
-//!   constant, global-norm clipping, accumulation, data-parallel replicas, checkpointing).
-//! - [`train`]: one optimizer step sums the gradients of all its micro-batches (and replicas),
+//!   constant, global-norm clipping, gradient accumulation over micro-batches and shards,
+//!   checkpointing).
+//! - [`train`]: one optimizer step sums the gradients of all its micro-batches (and shards),
 //!   every loss term normalised by the step's global count of label tokens; AdamW as PyTorch
 //!   computes it ([`AdamW`]) with state keyed by parameter path; non-finite steps skipped and
 //!   counted.

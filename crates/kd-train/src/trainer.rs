@@ -1,6 +1,6 @@
 //! The training loop: micro-batches of a step share one global token count (every loss term
 //! of the step is a sum over counted tokens divided by it), gradients are summed over
-//! micro-batches and replicas, clipped by global norm, AdamW with a step-derived learning
+//! micro-batches and their shards, clipped by global norm, AdamW with a step-derived learning
 //! rate; checkpoints and metrics; exact resume.
 
 use std::borrow::Cow;
@@ -114,10 +114,10 @@ impl StepLossFn for CausalLmLoss {
     }
 }
 
-/// Splits the rows of one micro-batch across `replicas` data-parallel ranks (contiguous
-/// shards, the first ones one row longer when it does not divide).
-pub fn shard_rows<T: Clone>(rows: &[T], replicas: usize) -> Vec<Vec<T>> {
-    let r = replicas.max(1);
+/// Splits the rows of one micro-batch into `shards` (contiguous, the first ones one row
+/// longer when it does not divide): the shards of [`TrainConfig::accumulation_shards`].
+pub fn shard_rows<T: Clone>(rows: &[T], shards: usize) -> Vec<Vec<T>> {
+    let r = shards.max(1);
     let base = rows.len() / r;
     let extra = rows.len() % r;
     let mut out = Vec::with_capacity(r);
@@ -133,7 +133,7 @@ pub fn shard_rows<T: Clone>(rows: &[T], replicas: usize) -> Vec<Vec<T>> {
 /// Gradients, total loss and the loss terms of one optimizer step.
 pub type StepGradients = (GradientsParams, f64, Vec<(&'static str, f64)>);
 
-/// The gradient of one optimizer step: every micro-batch (of every replica) with the same
+/// The gradient of one optimizer step: every micro-batch (and shard) with the same
 /// global normaliser, gradients summed — what an all-reduce of per-rank sums gives.
 pub fn step_gradients(
     model: &TrainModel,
@@ -384,145 +384,34 @@ pub fn train_on_policy(
     let out = &config.output_dir;
     std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
     let device = model.llama.embed_tokens.weight.device();
-
-    let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
-    let batch_opts = BatchOptions {
-        batch_size: config.train_batch_size * config.data_parallel,
-        bucket_by_length: config.group_by_length,
-        shuffle: true,
-        seed: config.seed,
-        ..BatchOptions::default()
-    };
-    let per_step = config.gradient_accumulation_steps;
-    let micro_per_epoch = plan_batches(&lengths, &batch_opts, 0).len();
-    let steps_per_epoch = micro_per_epoch.div_ceil(per_step);
-    let total_steps = config
-        .max_steps
-        .unwrap_or(steps_per_epoch * config.num_epochs);
-    let warmup = config.warmup(total_steps);
-    let fingerprint = json!({
-        "seed": config.seed,
-        "train_batch_size": config.train_batch_size,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps,
-        "data_parallel": config.data_parallel,
-        "learning_rate": config.learning_rate,
-        "scheduler_type": config.scheduler_type,
-        "total_steps": total_steps,
-        "warmup_steps": warmup,
-        "examples": examples.len(),
-        "mode": config.mode,
-    });
-    let mut fingerprint = fingerprint;
-    if let Some(o) = on_policy {
-        fingerprint["on_policy"] = o.config.fingerprint();
-    }
-
-    // Resume.
-    let mut model = model;
-    let mut optimizer = AdamW::default();
-    let mut state = TrainingState {
-        global_step: 0,
-        epoch: 0,
-        next_micro_batch: 0,
-        total_steps,
-        optimizer_steps: 0,
-        consecutive_nonfinite: 0,
-        skipped_steps: 0,
-        fingerprint: fingerprint.clone(),
-    };
-    let mut history = TrainerState::default();
-    if let Some(spec) = &config.resume_from_checkpoint {
-        let dir = resolve_resume(out, spec)?;
-        let saved = read_state(&dir)?;
-        if saved.fingerprint != fingerprint {
-            let mut diffs = Vec::new();
-            if let (Some(a), Some(b)) = (saved.fingerprint.as_object(), fingerprint.as_object()) {
-                for (k, v) in b {
-                    if a.get(k) != Some(v) {
-                        diffs.push(format!(
-                            "{k}: checkpoint {} vs now {v}",
-                            a.get(k).cloned().unwrap_or_default()
-                        ));
-                    }
-                }
-            }
-            return Err(TrainError::Checkpoint {
-                path: dir,
-                message: format!(
-                    "the run's settings differ from the checkpoint's: {}",
-                    diffs.join("; ")
-                ),
-            });
-        }
-        model = load_checkpoint_weights(model, &dir, config.mode, &device)?;
-        optimizer = AdamW::load(
-            &dir.join(TRAINING_STATE_DIR).join(OPTIMIZER_FILE),
-            saved.optimizer_steps,
-            &device,
-        )?;
-        if let Ok(text) = std::fs::read_to_string(dir.join(TRAINER_STATE_FILE)) {
-            history = serde_json::from_str(&text).unwrap_or_default();
-        }
-        tracing::info!(checkpoint = %dir.display(), step = saved.global_step, "resuming");
-        state = saved;
-    }
-    history.max_steps = total_steps;
+    let run = RunPlan::new(config, examples, on_policy);
+    let Resumed {
+        model,
+        mut optimizer,
+        mut state,
+        mut history,
+    } = resume(config, &run, model, &device)?;
+    history.max_steps = run.total_steps;
     history.logging_steps = config.logging_steps;
     history.save_steps = config.save_steps;
     history.train_batch_size = config.train_batch_size;
 
     let mut text_log = TextLog::open(out)?;
     let mut tb = TensorBoard::create(&out.join("runs"))?;
-    let effective = config.effective_batch_size();
-    let header = format!(
-        "# {} run: {} examples, {} steps ({} per epoch), effective batch {} = {} device(s) × {} × {} accumulation, warmup {} steps{}",
-        match config.mode {
-            TrainMode::Lora => "LoRA",
-            TrainMode::Full => "full fine-tuning",
-        },
-        examples.len(),
-        total_steps,
-        steps_per_epoch,
-        effective,
-        config.data_parallel,
-        config.train_batch_size,
-        config.gradient_accumulation_steps,
-        warmup,
-        if state.global_step > 0 {
-            format!(", resumed at step {}", state.global_step)
-        } else {
-            String::new()
-        }
-    );
+    let header = run.header(config, examples.len(), state.global_step);
     text_log.line(&header)?;
     tracing::info!("{header}");
-    if let Some(lora) = &info.lora
-        && config.mode == TrainMode::Lora
-    {
-        let report = model.llama.parameter_report();
-        text_log.line(&format!("# {report}"))?;
-        let _ = lora;
+    if info.lora.is_some() && config.mode == TrainMode::Lora {
+        text_log.line(&format!("# {}", model.llama.parameter_report()))?;
     }
 
     let mut model = TrainModel {
         llama: model.llama.train(),
         projection: model.projection.map(Module::train),
     };
-    let params = AdamWParams {
-        beta1: config.adam_beta1,
-        beta2: config.adam_beta2,
-        eps: config.adam_epsilon,
-        weight_decay: config.weight_decay,
-    };
-    observer.on_start(state.global_step, total_steps);
+    observer.on_start(state.global_step, run.total_steps);
     let started = Instant::now();
-    let mut window = (
-        0usize,
-        0.0f64,
-        Vec::<(&'static str, f64, usize)>::new(),
-        0usize,
-        Instant::now(),
-    );
+    let mut window = MetricsWindow::new();
     let mut summary = TrainSummary {
         global_step: state.global_step,
         skipped_steps: state.skipped_steps,
@@ -532,135 +421,65 @@ pub fn train_on_policy(
         label_tokens: 0,
         step_seconds: 0.0,
     };
-    let mut plan = plan_batches(&lengths, &batch_opts, state.epoch as u64);
+    let mut plan = plan_batches(&run.lengths, &run.batch_opts, state.epoch as u64);
 
-    while state.global_step < total_steps {
+    while state.global_step < run.total_steps {
         if state.next_micro_batch >= plan.len() {
             state.epoch += 1;
             state.next_micro_batch = 0;
-            plan = plan_batches(&lengths, &batch_opts, state.epoch as u64);
+            plan = plan_batches(&run.lengths, &run.batch_opts, state.epoch as u64);
         }
         let step = state.global_step;
         let step_started = Instant::now();
-        let end = (state.next_micro_batch + per_step).min(plan.len());
-        let planned = &plan[state.next_micro_batch..end];
-        // On-policy rows: a share of the step's planned rows, completed by the model being
-        // trained and scored by the teacher; the others stay as planned.
-        let mut off_rows: Cow<'_, [Vec<Vec<usize>>]> = Cow::Borrowed(planned);
-        let mut on_rows: Vec<Vec<Vec<usize>>> = vec![Vec::new(); planned.len()];
-        let mut samples = OnPolicySamples::default();
-        let mut step_examples = 0usize;
-        if let Some(op) = on_policy {
-            let flat: Vec<(usize, usize)> = planned
-                .iter()
-                .enumerate()
-                .flat_map(|(m, rows)| (0..rows.len()).map(move |r| (m, r)))
-                .collect();
-            let chosen =
-                on_policy_rows(flat.len(), op.config.ratio, config.seed, state.epoch, step);
-            let mut kept = vec![Vec::new(); planned.len()];
-            let mut wanted = Vec::new();
-            let mut micro_of = Vec::new();
-            for ((m, r), on) in flat.iter().zip(chosen) {
-                let row = &planned[*m][*r];
-                step_examples += row.len();
-                if on && row.iter().all(|e| op.usable(&examples[*e])) {
-                    for e in row {
-                        wanted.push(*e);
-                        micro_of.push(*m);
-                    }
-                } else {
-                    kept[*m].push(row.clone());
-                }
-            }
-            off_rows = Cow::Owned(kept);
-            if !wanted.is_empty() {
-                samples = op.sample(
-                    &model.llama.valid(),
-                    examples,
-                    &wanted,
-                    config.seed,
-                    state.epoch,
-                    step,
-                )?;
-            }
-            for (i, m) in micro_of.iter().enumerate() {
-                on_rows[*m].push(vec![i]);
-            }
-        }
-        // Each planned micro-batch holds data_parallel × train_batch_size rows; shard it.
-        let mut micro: Vec<(Batch, bool)> = Vec::new();
-        for (rows, set, on) in off_rows.iter().map(|r| (r, examples, false)).chain(
-            on_rows
-                .iter()
-                .map(|r| (r, samples.examples.as_slice(), true)),
-        ) {
-            for shard in shard_rows(rows, config.data_parallel) {
-                if !shard.is_empty() {
-                    micro.push((collate(set, &shard, info.pad_id, usize::MAX), on));
-                }
-            }
-        }
-        let on_loss = on_policy.map(|op| OnPolicyLoss {
-            scores: &samples.scores,
-            kd: op.config.kd,
-            kd_weight: op.config.kd_weight,
-        });
-        let parts: Vec<(&Batch, &dyn StepLossFn)> = micro
-            .iter()
-            .map(|(b, on)| match (&on_loss, on) {
-                (Some(l), true) => (b, l as &dyn StepLossFn),
-                _ => (b, loss_fn),
-            })
-            .collect();
-        let tokens: usize = micro.iter().map(|(b, _)| b.label_tokens()).sum();
-        let seeds: Vec<u64> = (0..micro.len())
-            .map(|k| derive_seed(config.seed, &[step as u64, k as u64]))
-            .collect();
+        let end = (state.next_micro_batch + run.per_step).min(plan.len());
+        let batches = step_batches(
+            config,
+            info,
+            examples,
+            &plan[state.next_micro_batch..end],
+            &model,
+            on_policy,
+            (state.epoch, step),
+        )?;
         let lr = learning_rate(
             config.scheduler_type,
             config.learning_rate,
             step,
-            warmup,
-            total_steps,
+            run.warmup,
+            run.total_steps,
         );
-        let (finite, loss_value, mut terms, norm, kd_stats) = if tokens == 0 {
-            tracing::warn!(
-                step,
-                "no label tokens in this step's batches; skipping the update"
-            );
-            (true, 0.0, Vec::new(), 0.0, Vec::new())
-        } else {
-            let mixed = mixed_step_gradients(&model, &parts, tokens as f32, &seeds)?;
-            let norm = global_grad_norm(&model, &mixed.grads);
-            let finite = mixed.loss.is_finite() && norm.is_finite();
-            if finite {
-                let coef = clip_coefficient(norm, config.max_grad_norm);
-                model = optimizer.step(model, &mixed.grads, params, lr, coef);
-            }
-            (finite, mixed.loss, mixed.terms, norm, mixed.kd)
-        };
+        let (next, mut outcome) = run_step(
+            config,
+            model,
+            &mut optimizer,
+            &batches,
+            loss_fn,
+            on_policy,
+            step,
+            lr,
+        )?;
+        model = next;
         let step_seconds = step_started.elapsed().as_secs_f64();
-        summary.label_tokens += tokens;
+        summary.label_tokens += outcome.tokens;
         summary.step_seconds += step_seconds;
         if on_policy.is_some() {
-            let on: Vec<bool> = micro.iter().map(|(_, on)| *on).collect();
-            terms.extend(on_policy_terms(
-                &samples,
-                step_examples,
+            let on: Vec<bool> = batches.micro.iter().map(|(_, on)| *on).collect();
+            outcome.terms.extend(on_policy_terms(
+                &batches.samples,
+                batches.step_examples,
                 &on,
-                &kd_stats,
+                &outcome.kd,
                 step_seconds,
             ));
             let t = summary
                 .on_policy
                 .get_or_insert_with(OnPolicyTotals::default);
-            t.add(&samples);
+            t.add(&batches.samples);
         }
         state.global_step += 1;
         state.next_micro_batch = end;
         state.optimizer_steps = optimizer.steps;
-        if finite {
+        if outcome.finite {
             state.consecutive_nonfinite = 0;
         } else {
             state.consecutive_nonfinite += 1;
@@ -677,105 +496,41 @@ pub fn train_on_policy(
                 });
             }
         }
-        observer.on_step(state.global_step, loss_value);
+        observer.on_step(state.global_step, outcome.loss);
 
         // Metrics.
-        if finite {
-            window.0 += 1;
-            window.1 += loss_value;
-            for (k, v) in terms {
-                match window.2.iter_mut().find(|(n, _, _)| *n == k) {
-                    Some((_, s, c)) => {
-                        *s += v;
-                        *c += 1;
-                    }
-                    None => window.2.push((k, v, 1)),
-                }
-            }
-        }
-        window.3 += tokens;
+        window.add(&outcome);
         let epoch_f = state.epoch as f64 + state.next_micro_batch as f64 / plan.len().max(1) as f64;
         if state.global_step.is_multiple_of(config.logging_steps)
-            || state.global_step == total_steps
+            || state.global_step == run.total_steps
         {
-            let n = window.0.max(1) as f64;
-            let secs = window.4.elapsed().as_secs_f64();
-            let record = LogRecord {
-                step: state.global_step,
-                epoch: epoch_f,
-                loss: window.1 / n,
-                // Each term's mean over the steps that have it (on-policy terms are absent
-                // from steps without on-policy rows).
-                terms: window
-                    .2
-                    .iter()
-                    .map(|(k, v, c)| (k.to_string(), v / (*c).max(1) as f64))
-                    .collect(),
-                learning_rate: lr,
-                grad_norm: norm,
-                tokens_per_second: window.3 as f64 / secs.max(1e-9),
-                elapsed_seconds: started.elapsed().as_secs_f64(),
-            };
-            text_log.line(&record.line(total_steps))?;
-            tb.scalar("train/loss", record.loss, record.step)?;
-            for (k, v) in &record.terms {
-                tb.scalar(&format!("train/{k}"), *v, record.step)?;
-            }
-            tb.scalar("train/lr", record.learning_rate, record.step)?;
-            tb.scalar("train/grad_norm", record.grad_norm, record.step)?;
-            tb.scalar(
-                "train/tokens_per_second",
-                record.tokens_per_second,
-                record.step,
-            )?;
+            let record = window.record(
+                (state.global_step, epoch_f),
+                &outcome,
+                started.elapsed().as_secs_f64(),
+            );
+            write_log(&record, run.total_steps, &mut text_log, &mut tb)?;
             summary.last_loss = Some(record.loss);
             observer.on_log(&record);
             history.log_history.push(record);
-            window = (0, 0.0, Vec::new(), 0, Instant::now());
+            window = MetricsWindow::new();
         }
         history.global_step = state.global_step;
         history.epoch = epoch_f;
 
         // Checkpoints.
-        let epoch_done = state.next_micro_batch >= plan.len();
-        let mut names = Vec::new();
-        let last = state.global_step == total_steps;
-        let periodic = config.save_steps > 0 && state.global_step.is_multiple_of(config.save_steps);
-        // The last step always leaves a checkpoint (an epoch checkpoint when it ends an epoch).
-        if periodic || (last && !(config.save_epoch_checkpoints && epoch_done)) {
-            names.push(format!("checkpoint-{}", state.global_step));
+        let saved = save_checkpoints(
+            config,
+            info,
+            (&model, &optimizer),
+            (&state, &history),
+            state.next_micro_batch >= plan.len(),
+        )?;
+        for path in saved {
+            observer.on_checkpoint(&path);
+            summary.checkpoints.push(path);
         }
-        if config.save_epoch_checkpoints && epoch_done {
-            names.push(format!("checkpoint-epoch-{}", state.epoch));
-        }
-        if !names.is_empty() {
-            if !all_finite(&model) {
-                return Err(TrainError::NonFinite {
-                    count: state.consecutive_nonfinite.max(1),
-                    step: state.global_step,
-                });
-            }
-            for name in names {
-                let path = write_checkpoint(out, &name, |dir| {
-                    save_model_files(&model, dir, config.mode, info)?;
-                    let ts = dir.join(TRAINING_STATE_DIR);
-                    std::fs::create_dir_all(&ts).map_err(|e| TrainError::io(&ts, e))?;
-                    optimizer.save(&ts.join(OPTIMIZER_FILE))?;
-                    let s = serde_json::to_string_pretty(&state).expect("state serialises");
-                    std::fs::write(ts.join(STATE_FILE), s).map_err(|e| TrainError::io(&ts, e))?;
-                    let h = serde_json::to_string_pretty(&history).expect("history serialises");
-                    std::fs::write(dir.join(TRAINER_STATE_FILE), h)
-                        .map_err(|e| TrainError::io(dir, e))?;
-                    Ok(())
-                })?;
-                observer.on_checkpoint(&path);
-                summary.checkpoints.push(path);
-            }
-            if let Some(limit) = config.save_total_limit {
-                prune(out, limit)?;
-            }
-        }
-        hook.after_step(state.global_step, total_steps, &model)?;
+        hook.after_step(state.global_step, run.total_steps, &model)?;
     }
     summary.global_step = state.global_step;
     summary.skipped_steps = state.skipped_steps;
@@ -784,4 +539,462 @@ pub fn train_on_policy(
         projection: model.projection.map(|p| p.valid()),
     };
     Ok((model, summary))
+}
+
+/// What a run will do: its batching, step counts and the fingerprint a resumed run must
+/// match.
+struct RunPlan {
+    lengths: Vec<usize>,
+    batch_opts: BatchOptions,
+    /// Planned micro-batches per optimizer step.
+    per_step: usize,
+    steps_per_epoch: usize,
+    total_steps: usize,
+    warmup: usize,
+    fingerprint: serde_json::Value,
+}
+
+impl RunPlan {
+    fn new(config: &TrainConfig, examples: &[Example], on_policy: Option<&OnPolicy<'_>>) -> Self {
+        let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
+        let batch_opts = BatchOptions {
+            batch_size: config.train_batch_size * config.accumulation_shards,
+            bucket_by_length: config.group_by_length,
+            shuffle: true,
+            seed: config.seed,
+            ..BatchOptions::default()
+        };
+        let per_step = config.gradient_accumulation_steps;
+        let micro_per_epoch = plan_batches(&lengths, &batch_opts, 0).len();
+        let steps_per_epoch = micro_per_epoch.div_ceil(per_step);
+        let total_steps = config
+            .max_steps
+            .unwrap_or(steps_per_epoch * config.num_epochs);
+        let warmup = config.warmup(total_steps);
+        let mut fingerprint = json!({
+            "seed": config.seed,
+            "train_batch_size": config.train_batch_size,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps,
+            // The key keeps its first name so that earlier checkpoints still resume.
+            "data_parallel": config.accumulation_shards,
+            "learning_rate": config.learning_rate,
+            "scheduler_type": config.scheduler_type,
+            "total_steps": total_steps,
+            "warmup_steps": warmup,
+            "examples": examples.len(),
+            "mode": config.mode,
+        });
+        if let Some(o) = on_policy {
+            fingerprint["on_policy"] = o.config.fingerprint();
+        }
+        Self {
+            lengths,
+            batch_opts,
+            per_step,
+            steps_per_epoch,
+            total_steps,
+            warmup,
+            fingerprint,
+        }
+    }
+
+    /// The first line of `training_log.txt`.
+    fn header(&self, config: &TrainConfig, examples: usize, resumed_at: usize) -> String {
+        format!(
+            "# {} run: {} examples, {} steps ({} per epoch), effective batch {} = {} shard(s) × {} × {} accumulation steps, warmup {} steps{}",
+            match config.mode {
+                TrainMode::Lora => "LoRA",
+                TrainMode::Full => "full fine-tuning",
+            },
+            examples,
+            self.total_steps,
+            self.steps_per_epoch,
+            config.effective_batch_size(),
+            config.accumulation_shards,
+            config.train_batch_size,
+            config.gradient_accumulation_steps,
+            self.warmup,
+            if resumed_at > 0 {
+                format!(", resumed at step {resumed_at}")
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// The model, optimizer and counters a run starts from: fresh, or a checkpoint's.
+struct Resumed {
+    model: TrainModel,
+    optimizer: AdamW,
+    state: TrainingState,
+    history: TrainerState,
+}
+
+/// Fresh state, or the state of `config.resume_from_checkpoint` after checking that its
+/// fingerprint equals the run's (an error lists the settings that differ).
+fn resume(
+    config: &TrainConfig,
+    run: &RunPlan,
+    model: TrainModel,
+    device: &Device,
+) -> Result<Resumed> {
+    let fresh = TrainingState {
+        global_step: 0,
+        epoch: 0,
+        next_micro_batch: 0,
+        total_steps: run.total_steps,
+        optimizer_steps: 0,
+        consecutive_nonfinite: 0,
+        skipped_steps: 0,
+        fingerprint: run.fingerprint.clone(),
+    };
+    let Some(spec) = &config.resume_from_checkpoint else {
+        return Ok(Resumed {
+            model,
+            optimizer: AdamW::default(),
+            state: fresh,
+            history: TrainerState::default(),
+        });
+    };
+    let dir = resolve_resume(&config.output_dir, spec)?;
+    let saved = read_state(&dir)?;
+    if saved.fingerprint != run.fingerprint {
+        let mut diffs = Vec::new();
+        if let (Some(a), Some(b)) = (saved.fingerprint.as_object(), run.fingerprint.as_object()) {
+            for (k, v) in b {
+                if a.get(k) != Some(v) {
+                    diffs.push(format!(
+                        "{k}: checkpoint {} vs now {v}",
+                        a.get(k).cloned().unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        return Err(TrainError::Checkpoint {
+            path: dir,
+            message: format!(
+                "the run's settings differ from the checkpoint's: {}",
+                diffs.join("; ")
+            ),
+        });
+    }
+    let model = load_checkpoint_weights(model, &dir, config.mode, device)?;
+    let optimizer = AdamW::load(
+        &dir.join(TRAINING_STATE_DIR).join(OPTIMIZER_FILE),
+        saved.optimizer_steps,
+        device,
+    )?;
+    let history = std::fs::read_to_string(dir.join(TRAINER_STATE_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    tracing::info!(checkpoint = %dir.display(), step = saved.global_step, "resuming");
+    Ok(Resumed {
+        model,
+        optimizer,
+        state: saved,
+        history,
+    })
+}
+
+/// The micro-batches of one step, each marked on-policy or not, and the on-policy samples.
+struct StepBatches {
+    micro: Vec<(Batch, bool)>,
+    samples: OnPolicySamples,
+    /// Examples the step planned (before on-policy rows replaced some).
+    step_examples: usize,
+}
+
+/// Collates the step's planned micro-batches into shards; with on-policy distillation, first
+/// replaces a share of the rows by the model's own completions, scored by the teacher.
+fn step_batches(
+    config: &TrainConfig,
+    info: &RunInfo,
+    examples: &[Example],
+    planned: &[Vec<Vec<usize>>],
+    model: &TrainModel,
+    on_policy: Option<&OnPolicy<'_>>,
+    (epoch, step): (usize, usize),
+) -> Result<StepBatches> {
+    let mut off_rows: Cow<'_, [Vec<Vec<usize>>]> = Cow::Borrowed(planned);
+    let mut on_rows: Vec<Vec<Vec<usize>>> = vec![Vec::new(); planned.len()];
+    let mut samples = OnPolicySamples::default();
+    let mut step_examples = 0usize;
+    if let Some(op) = on_policy {
+        let flat: Vec<(usize, usize)> = planned
+            .iter()
+            .enumerate()
+            .flat_map(|(m, rows)| (0..rows.len()).map(move |r| (m, r)))
+            .collect();
+        let chosen = on_policy_rows(flat.len(), op.config.ratio, config.seed, epoch, step);
+        let mut kept = vec![Vec::new(); planned.len()];
+        let mut wanted = Vec::new();
+        let mut micro_of = Vec::new();
+        for ((m, r), on) in flat.iter().zip(chosen) {
+            let row = &planned[*m][*r];
+            step_examples += row.len();
+            if on && row.iter().all(|e| op.usable(&examples[*e])) {
+                for e in row {
+                    wanted.push(*e);
+                    micro_of.push(*m);
+                }
+            } else {
+                kept[*m].push(row.clone());
+            }
+        }
+        off_rows = Cow::Owned(kept);
+        if !wanted.is_empty() {
+            samples = op.sample(
+                &model.llama.valid(),
+                examples,
+                &wanted,
+                config.seed,
+                epoch,
+                step,
+            )?;
+        }
+        for (i, m) in micro_of.iter().enumerate() {
+            on_rows[*m].push(vec![i]);
+        }
+    }
+    // Each planned micro-batch holds accumulation_shards × train_batch_size rows; shard it.
+    let mut micro: Vec<(Batch, bool)> = Vec::new();
+    for (rows, set, on) in off_rows.iter().map(|r| (r, examples, false)).chain(
+        on_rows
+            .iter()
+            .map(|r| (r, samples.examples.as_slice(), true)),
+    ) {
+        for shard in shard_rows(rows, config.accumulation_shards) {
+            if !shard.is_empty() {
+                micro.push((collate(set, &shard, info.pad_id, usize::MAX), on));
+            }
+        }
+    }
+    Ok(StepBatches {
+        micro,
+        samples,
+        step_examples,
+    })
+}
+
+/// What one optimizer step computed.
+struct StepOutcome {
+    /// Whether the loss and the gradient norm were finite (else the update was skipped).
+    finite: bool,
+    /// The step's total loss.
+    loss: f64,
+    /// Each loss term, summed over the micro-batches.
+    terms: Vec<(&'static str, f64)>,
+    /// Global gradient norm before clipping.
+    grad_norm: f64,
+    /// KD statistics per micro-batch (on-policy metrics).
+    kd: Vec<Option<LossStats>>,
+    /// Learning rate of the step.
+    learning_rate: f64,
+    /// Label tokens of the step (the normaliser).
+    tokens: usize,
+}
+
+/// Gradients of the step's micro-batches under one normaliser, clipping and the AdamW
+/// update (skipped when non-finite or when the step has no label tokens).
+#[allow(clippy::too_many_arguments)]
+fn run_step(
+    config: &TrainConfig,
+    model: TrainModel,
+    optimizer: &mut AdamW,
+    batches: &StepBatches,
+    loss_fn: &dyn StepLossFn,
+    on_policy: Option<&OnPolicy<'_>>,
+    step: usize,
+    lr: f64,
+) -> Result<(TrainModel, StepOutcome)> {
+    let on_loss = on_policy.map(|op| OnPolicyLoss {
+        scores: &batches.samples.scores,
+        kd: op.config.kd,
+        kd_weight: op.config.kd_weight,
+    });
+    let parts: Vec<(&Batch, &dyn StepLossFn)> = batches
+        .micro
+        .iter()
+        .map(|(b, on)| match (&on_loss, on) {
+            (Some(l), true) => (b, l as &dyn StepLossFn),
+            _ => (b, loss_fn),
+        })
+        .collect();
+    let tokens: usize = batches.micro.iter().map(|(b, _)| b.label_tokens()).sum();
+    let mut outcome = StepOutcome {
+        finite: true,
+        loss: 0.0,
+        terms: Vec::new(),
+        grad_norm: 0.0,
+        kd: Vec::new(),
+        learning_rate: lr,
+        tokens,
+    };
+    if tokens == 0 {
+        tracing::warn!(
+            step,
+            "no label tokens in this step's batches; skipping the update"
+        );
+        return Ok((model, outcome));
+    }
+    let seeds: Vec<u64> = (0..parts.len())
+        .map(|k| derive_seed(config.seed, &[step as u64, k as u64]))
+        .collect();
+    let mixed = mixed_step_gradients(&model, &parts, tokens as f32, &seeds)?;
+    let norm = global_grad_norm(&model, &mixed.grads);
+    outcome.finite = mixed.loss.is_finite() && norm.is_finite();
+    outcome.loss = mixed.loss;
+    outcome.terms = mixed.terms;
+    outcome.grad_norm = norm;
+    outcome.kd = mixed.kd;
+    let params = AdamWParams {
+        beta1: config.adam_beta1,
+        beta2: config.adam_beta2,
+        eps: config.adam_epsilon,
+        weight_decay: config.weight_decay,
+    };
+    let model = if outcome.finite {
+        let coef = clip_coefficient(norm, config.max_grad_norm);
+        optimizer.step(model, &mixed.grads, params, lr, coef)
+    } else {
+        model
+    };
+    Ok((model, outcome))
+}
+
+/// Sums over the steps since the last log line.
+struct MetricsWindow {
+    /// Finite steps.
+    steps: usize,
+    loss_sum: f64,
+    /// Per term: (name, sum, steps that have it).
+    terms: Vec<(&'static str, f64, usize)>,
+    /// Label tokens (all steps).
+    tokens: usize,
+    since: Instant,
+}
+
+impl MetricsWindow {
+    fn new() -> Self {
+        Self {
+            steps: 0,
+            loss_sum: 0.0,
+            terms: Vec::new(),
+            tokens: 0,
+            since: Instant::now(),
+        }
+    }
+
+    fn add(&mut self, o: &StepOutcome) {
+        if o.finite {
+            self.steps += 1;
+            self.loss_sum += o.loss;
+            for (k, v) in &o.terms {
+                match self.terms.iter_mut().find(|(n, _, _)| n == k) {
+                    Some((_, s, c)) => {
+                        *s += v;
+                        *c += 1;
+                    }
+                    None => self.terms.push((k, *v, 1)),
+                }
+            }
+        }
+        self.tokens += o.tokens;
+    }
+
+    /// The log record of the window, at `(step, epoch)`; `last` gives the learning rate and
+    /// gradient norm.
+    fn record(&self, (step, epoch): (usize, f64), last: &StepOutcome, elapsed: f64) -> LogRecord {
+        let n = self.steps.max(1) as f64;
+        LogRecord {
+            step,
+            epoch,
+            loss: self.loss_sum / n,
+            // Each term's mean over the steps that have it (on-policy terms are absent from
+            // steps without on-policy rows).
+            terms: self
+                .terms
+                .iter()
+                .map(|(k, v, c)| (k.to_string(), v / (*c).max(1) as f64))
+                .collect(),
+            learning_rate: last.learning_rate,
+            grad_norm: last.grad_norm,
+            tokens_per_second: self.tokens as f64 / self.since.elapsed().as_secs_f64().max(1e-9),
+            elapsed_seconds: elapsed,
+        }
+    }
+}
+
+/// Writes a log record to `training_log.txt` and TensorBoard.
+fn write_log(
+    record: &LogRecord,
+    total_steps: usize,
+    text_log: &mut TextLog,
+    tb: &mut TensorBoard,
+) -> Result<()> {
+    text_log.line(&record.line(total_steps))?;
+    tb.scalar("train/loss", record.loss, record.step)?;
+    for (k, v) in &record.terms {
+        tb.scalar(&format!("train/{k}"), *v, record.step)?;
+    }
+    tb.scalar("train/lr", record.learning_rate, record.step)?;
+    tb.scalar("train/grad_norm", record.grad_norm, record.step)?;
+    tb.scalar(
+        "train/tokens_per_second",
+        record.tokens_per_second,
+        record.step,
+    )?;
+    Ok(())
+}
+
+/// The checkpoints due after a step (periodic, end of epoch, the last step), written
+/// atomically with the optimizer and counters; prunes old ones. Returns their paths.
+fn save_checkpoints(
+    config: &TrainConfig,
+    info: &RunInfo,
+    (model, optimizer): (&TrainModel, &AdamW),
+    (state, history): (&TrainingState, &TrainerState),
+    epoch_done: bool,
+) -> Result<Vec<PathBuf>> {
+    let out = &config.output_dir;
+    let mut names = Vec::new();
+    let last = state.global_step == state.total_steps;
+    let periodic = config.save_steps > 0 && state.global_step.is_multiple_of(config.save_steps);
+    // The last step always leaves a checkpoint (an epoch checkpoint when it ends an epoch).
+    if periodic || (last && !(config.save_epoch_checkpoints && epoch_done)) {
+        names.push(format!("checkpoint-{}", state.global_step));
+    }
+    if config.save_epoch_checkpoints && epoch_done {
+        names.push(format!("checkpoint-epoch-{}", state.epoch));
+    }
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !all_finite(model) {
+        return Err(TrainError::NonFinite {
+            count: state.consecutive_nonfinite.max(1),
+            step: state.global_step,
+        });
+    }
+    let mut paths = Vec::with_capacity(names.len());
+    for name in names {
+        let path = write_checkpoint(out, &name, |dir| {
+            save_model_files(model, dir, config.mode, info)?;
+            let ts = dir.join(TRAINING_STATE_DIR);
+            std::fs::create_dir_all(&ts).map_err(|e| TrainError::io(&ts, e))?;
+            optimizer.save(&ts.join(OPTIMIZER_FILE))?;
+            let s = serde_json::to_string_pretty(state).expect("state serialises");
+            std::fs::write(ts.join(STATE_FILE), s).map_err(|e| TrainError::io(&ts, e))?;
+            let h = serde_json::to_string_pretty(history).expect("history serialises");
+            std::fs::write(dir.join(TRAINER_STATE_FILE), h).map_err(|e| TrainError::io(dir, e))?;
+            Ok(())
+        })?;
+        paths.push(path);
+    }
+    if let Some(limit) = config.save_total_limit {
+        prune(out, limit)?;
+    }
+    Ok(paths)
 }

@@ -240,3 +240,71 @@ fn generate_is_greedy_decoding_with_stops() {
         }
     }
 }
+
+/// The cache appends into preallocated slots: its capacity doubles when a step needs more
+/// (not on every step), a cache allocated for the whole decode never grows, rolled-back slots
+/// are reused, and every variant decodes exactly as the full forward pass does.
+#[test]
+fn cache_capacity_grows_geometrically_and_decodes_as_the_full_pass() {
+    let model = load("tiny-llama3");
+    let vocab = model.config().vocab_size;
+    let prompt = [1u32, 5, 9, 4, 7];
+    let feed = [11u32, 3, 8, 2, 6, 10, 12, 13, 14, 15, 16, 17];
+    let decode = |mut cache: kd_model::KvCache| {
+        let last = ForwardOptions::last_positions(1);
+        let mut capacities = Vec::new();
+        let mut logits = Vec::new();
+        let out = model
+            .forward_cached(&TokenBatch::single(&prompt), &mut cache, &last)
+            .unwrap();
+        logits.push(to_vec(out.logits.unwrap()));
+        capacities.push(cache.capacity());
+        for &t in &feed {
+            let out = model
+                .forward_cached(&TokenBatch::single(&[t]), &mut cache, &last)
+                .unwrap();
+            logits.push(to_vec(out.logits.unwrap()));
+            capacities.push(cache.capacity());
+        }
+        (logits, capacities, cache)
+    };
+    let (grown, capacities, _) = decode(model.new_cache());
+    // 5 prompt slots; the 6th token doubles to 10, the 11th to 20.
+    let mut want = vec![5];
+    want.extend(std::iter::repeat_n(10, 5));
+    want.extend(std::iter::repeat_n(20, 7));
+    assert_eq!(capacities, want);
+    let (reserved, capacities, mut cache) = decode(model.new_cache_with_capacity(64));
+    assert!(capacities.iter().all(|c| *c == 64), "{capacities:?}");
+    let full: Vec<u32> = prompt.iter().chain(&feed).copied().collect();
+    let alone = to_vec(model.logits(&TokenBatch::single(&full)).unwrap());
+    for (step, (a, b)) in grown.iter().zip(&reserved).enumerate() {
+        let at = (prompt.len() - 1 + step) * vocab;
+        let reference = &alone[at..at + vocab];
+        for (what, got) in [("grown", a), ("reserved", b)] {
+            let d = got
+                .iter()
+                .zip(reference)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(d <= 1e-5, "step {step} ({what}): max |Δ| {d}");
+        }
+    }
+    // Roll back to the prompt and feed another continuation into the same slots.
+    cache.truncate(&[prompt.len() as i64]).unwrap();
+    assert_eq!((cache.len(), cache.capacity()), (prompt.len(), 64));
+    let out = model
+        .forward_cached(
+            &TokenBatch::single(&[20, 21]),
+            &mut cache,
+            &ForwardOptions::default(),
+        )
+        .unwrap();
+    let got = to_vec(out.logits.unwrap());
+    let other: Vec<u32> = prompt.iter().chain(&[20, 21]).copied().collect();
+    let alone = to_vec(model.logits(&TokenBatch::single(&other)).unwrap());
+    let d = got
+        .iter()
+        .zip(&alone[prompt.len() * vocab..])
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(d <= 1e-5, "after the rollback: max |Δ| {d}");
+}

@@ -310,7 +310,7 @@ pub fn train_config(config: &DistillConfig) -> TrainConfig {
         max_grad_norm: t.max_grad_norm,
         train_batch_size: t.per_device_train_batch_size,
         gradient_accumulation_steps: t.gradient_accumulation_steps,
-        data_parallel: 1,
+        accumulation_shards: 1,
         save_steps: config.save_steps,
         save_total_limit: (config.max_ckpt_to_keep > 0).then_some(config.max_ckpt_to_keep),
         save_epoch_checkpoints: false,

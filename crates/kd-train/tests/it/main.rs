@@ -1,5 +1,5 @@
 //! kd-train integration tests: optimizer against PyTorch, global token normalisation and
-//! replicas, a whole run with checkpoints and metrics, exact resume after SIGKILL; the
+//! shards, a whole run with checkpoints and metrics, exact resume after SIGKILL; the
 //! speculator and distill pipelines end to end.
 
 mod util;

@@ -1,5 +1,6 @@
 //! Gradient accumulation normalises by the global token count of the step (not the mean of
-//! micro-batch means), and data-parallel replicas reproduce the single-replica step.
+//! micro-batch means), and splitting micro-batches into shards reproduces the unsplit step
+//! (what data-parallel replicas would compute).
 
 use burn::module::Module;
 use kd_data::{Batch, collate};
@@ -32,7 +33,7 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
-fn global_token_count_and_replicas() {
+fn global_token_count_and_shards() {
     let examples = examples(8);
     // No dropout here: micro-batches of different shapes would draw different masks.
     let config = LoraConfig {
@@ -58,7 +59,8 @@ fn global_token_count_and_replicas() {
     // Four micro-batches of two rows, each normalised by the global count: the same step.
     let parts: Vec<Batch> = rows.chunks(2).map(batch).collect();
     let (g_parts, l_parts, _) = step_gradients(&model, &parts, n, &loss, &seeds).unwrap();
-    // Two data-parallel replicas each taking half of two micro-batches of four rows.
+    // Two shards each taking half of two micro-batches of four rows (what two data-parallel
+    // replicas would do).
     let shards: Vec<Batch> = rows
         .chunks(4)
         .flat_map(|r| shard_rows(r, 2))
@@ -80,7 +82,7 @@ fn global_token_count_and_replicas() {
     );
     assert!(
         rel_diff(&c, &a) <= 1e-5,
-        "replicas vs single: {}",
+        "shards vs single: {}",
         rel_diff(&c, &a)
     );
     assert!(

@@ -56,7 +56,7 @@ fn lora_run_writes_checkpoints_logs_and_learns() {
     let lines: Vec<&str> = log.lines().filter(|l| l.starts_with("step ")).collect();
     assert_eq!(lines.len(), 12);
     assert!(
-        log.contains("effective batch 4 = 1 device(s) × 2 × 2 accumulation"),
+        log.contains("effective batch 4 = 1 shard(s) × 2 × 2 accumulation steps"),
         "{log}"
     );
     assert!(log.contains("trainable params: 10,368"), "{log}");
