@@ -5,34 +5,59 @@ untied, eps 1e-5), random init, batch 4 x seq 256 random ids (labels = ids), LoR
 dropout 0 on q,k,v,o,gate,up,down, AdamW lr 2e-4 wd 0.01 eps 1e-8, clip 1.0; 3 warm-up + 10
 timed steps; prints the median step, tokens/s and peak RSS.
 
-Usage: OMP_WAIT_POLICY=PASSIVE python benches/train_step_pytorch.py [--threads 2]
+`--preset seed-1b`: the Llama-3.2-1B configuration (fixtures/configs/llama-3.2-1b-instruct.json,
+random weights), LoRA r64 alpha128 dropout 0.05 on the seven projections, SDPA attention,
+batch 1 x 2048 (override with --batch/--seq), 1 warm-up + 2 timed steps.
+
+Prints CPU time / wall time over the timed steps (about --threads on an idle machine).
+
+Usage: OMP_WAIT_POLICY=PASSIVE python benches/train_step_pytorch.py [--threads 2] [--preset seed-1b]
 """
+import json
+import os
 import argparse
 import statistics
 import time
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench_model import bench_config
 
 p = argparse.ArgumentParser()
-p.add_argument("--batch", type=int, default=4)
-p.add_argument("--seq", type=int, default=256)
-p.add_argument("--warmup", type=int, default=3)
-p.add_argument("--steps", type=int, default=10)
+p.add_argument("--preset", choices=["bench-155m", "seed-1b"], default="bench-155m")
+p.add_argument("--batch", type=int, default=None)
+p.add_argument("--seq", type=int, default=None)
+p.add_argument("--warmup", type=int, default=None)
+p.add_argument("--steps", type=int, default=None)
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default 128256)")
 args = p.parse_args()
+seed_1b = args.preset == "seed-1b"
+defaults = (1, 2048, 1, 2) if seed_1b else (4, 256, 3, 10)
+args.batch = args.batch or defaults[0]
+args.seq = args.seq or defaults[1]
+args.warmup = defaults[2] if args.warmup is None else args.warmup
+args.steps = args.steps or defaults[3]
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
-config = bench_config()
+if seed_1b:
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "fixtures", "configs", "llama-3.2-1b-instruct.json")) as f:
+        raw = json.load(f)
+    raw.pop("torch_dtype", None)
+    config = LlamaConfig(**raw)
+    config._attn_implementation = "sdpa"
+    lora = dict(r=64, lora_alpha=128, lora_dropout=0.05)
+else:
+    config = bench_config()
+    lora = dict(r=16, lora_alpha=32, lora_dropout=0.0)
 if args.vocab:
     config.vocab_size = args.vocab
 model = LlamaForCausalLM(config)
 model = get_peft_model(model, LoraConfig(
-    r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+    **lora, task_type="CAUSAL_LM",
     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 ))
 model.train()
@@ -40,7 +65,10 @@ opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2
 ids = torch.randint(0, config.vocab_size, (args.batch, args.seq))
 times = []
 phases = ([], [], [])
+cpu0 = wall0 = None
 for i in range(args.warmup + args.steps):
+    if i == args.warmup:
+        cpu0, wall0 = time.process_time(), time.perf_counter()
     t = time.perf_counter()
     loss = model(input_ids=ids, labels=ids).loss
     t_forward = time.perf_counter() - t
@@ -59,6 +87,8 @@ median = statistics.median(times)
 t_f, t_b, t_o = (statistics.median(p) for p in phases)
 with open("/proc/self/status") as f:
     hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) * 1024
+cpu_ratio = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
 print(f"pytorch: median step {median:.3f} s, {args.batch * args.seq / median:.1f} tokens/s, "
-      f"peak RSS {hwm / 1e9:.2f} GB, loss {loss.item():.4f} (torch {torch.__version__})")
+      f"peak RSS {hwm / 1e9:.2f} GB, loss {loss.item():.4f}, CPU/wall {cpu_ratio:.2f} "
+      f"(torch {torch.__version__}, {args.preset})")
 print(f"pytorch: forward {t_f:.3f} s, backward {t_b:.3f} s, optimizer {t_o:.3f} s (medians)")

@@ -4,6 +4,16 @@
 //! same step in PyTorch + PEFT (`benches/train_step_pytorch.py`) run in the same process tree.
 //!
 //! `cargo run --release -p kd-benches --bin train_step -- --python <venv>/bin/python`
+//!
+//! `--preset seed-1b` is the speculator seed's scale instead: the Llama-3.2-1B configuration
+//! (`fixtures/configs/llama-3.2-1b-instruct.json`, random weights), LoRA r64 α128 dropout 0.05
+//! on the seven projections, batch 1 × 2048 tokens, AdamW; PyTorch + PEFT with SDPA attention.
+//!
+//! The two sides alternate (`--rounds`: ours, PyTorch, ours, PyTorch, …) and each run prints
+//! its CPU time / wall time (about the thread count on an idle machine; clearly less means the
+//! run was disturbed). Ours also prints how close the step is to its GEMM-bound time: the
+//! multiply-adds of the step's products divided by the GEMM rate measured here on the same
+//! shapes.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,26 +23,41 @@ use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use clap::Parser;
-use kd_benches::{proc_status_bytes, random_batch};
+use kd_benches::{cpu_seconds, proc_status_bytes, random_batch};
 use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
 use kd_train::{
     AdamW, AdamWParams, CausalLmLoss, StepLossFn, TrainModel, clip_coefficient, global_grad_norm,
 };
 
+/// Workload presets.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Preset {
+    /// bench-155m, batch 4 × 256, LoRA r16 α32 dropout 0 (`reference/benchmarks.md`).
+    Bench155m,
+    /// Llama-3.2-1B shape, batch 1 × 2048, LoRA r64 α128 dropout 0.05 (the seed's defaults).
+    Seed1b,
+}
+
 #[derive(Parser, Debug)]
 struct Args {
-    /// Rows per step.
-    #[arg(long, default_value_t = 4)]
-    batch: usize,
-    /// Tokens per row.
-    #[arg(long, default_value_t = 256)]
-    seq: usize,
-    /// Untimed steps.
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Timed steps.
-    #[arg(long, default_value_t = 10)]
-    steps: usize,
+    /// The workload; `--batch`, `--seq`, `--warmup`, `--steps` override its shape.
+    #[arg(long, value_enum, default_value_t = Preset::Bench155m)]
+    preset: Preset,
+    /// Alternating rounds of ours and PyTorch (with `--python`).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Rows per step (preset: 4, seed-1b 1).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per row (preset: 256, seed-1b 2048).
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Untimed steps (preset: 3, seed-1b 1).
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Timed steps per round (preset: 10, seed-1b 2).
+    #[arg(long)]
+    steps: Option<usize>,
     /// Vocabulary size (default: the bench model's 128256); a small one isolates the cost of
     /// the LM head and loss from the transformer body.
     #[arg(long)]
@@ -49,6 +74,74 @@ struct Args {
 /// glibc tunables equal to what `kd_train::retain_freed_memory` sets.
 const RETAIN_TUNABLES: &str = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647";
 
+/// The multiply-adds of one LoRA train step's products (forward, input gradients, adapter
+/// gradients; the frozen weights get none) and the LM head, for `n` tokens.
+fn step_macs(c: &LlamaConfig, r: usize, n: usize, seq: usize) -> f64 {
+    let (hid, ff, l) = (c.hidden_size, c.intermediate_size, c.num_hidden_layers);
+    let (q, kv) = (
+        c.num_attention_heads * c.head_dim,
+        c.num_key_value_heads * c.head_dim,
+    );
+    // (in, out) of the seven projections.
+    let projections = [
+        (hid, q),
+        (hid, kv),
+        (hid, kv),
+        (q, hid),
+        (hid, ff),
+        (hid, ff),
+        (ff, hid),
+    ];
+    let per_token: usize = projections
+        .iter()
+        .map(|&(i, o)| {
+            // base: forward + dx; adapter: x·A, ·B forward, then u = g·Bᵀ, dA, dB, dx.
+            2 * i * o + r * (i + o) * 2 + r * (i + o) * 2
+        })
+        .sum();
+    // Attention (causal: half the keys), forward + backward (recomputed scores: 2 + 4 products).
+    let attention =
+        l as f64 * c.num_attention_heads as f64 * c.head_dim as f64 * (seq as f64 / 2.0) * 6.0;
+    let head = 2 * hid * c.vocab_size;
+    n as f64 * ((l * per_token + head) as f64 + attention)
+}
+
+/// Multiply-adds per second of the GEMM on the step's largest shapes (rows × in × out of
+/// the base projections and the LM head), measured here.
+fn gemm_rate(c: &LlamaConfig, n: usize) -> f64 {
+    use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul};
+    let (hid, ff) = (c.hidden_size, c.intermediate_size);
+    let shapes = [
+        (n, hid, hid),
+        (n, hid, ff),
+        (n, ff, hid),
+        (n.min(1024), hid, c.vocab_size.min(32768)),
+    ];
+    let (mut macs, mut secs) = (0f64, 0f64);
+    for (m, k, o) in shapes {
+        let a = vec![0.5f32; m * k];
+        let b = vec![0.25f32; k * o];
+        let mut y = vec![0f32; m * o];
+        let mut run = || {
+            matmul(
+                MatMut::row_major(&mut y, m, o).expect("shape"),
+                MatRef::row_major(&a, m, k).expect("shape"),
+                MatRef::row_major(&b, k, o).expect("shape"),
+                Write::Overwrite,
+                1.0,
+                Threads::All,
+            )
+            .expect("shape")
+        };
+        run();
+        let t = Instant::now();
+        run();
+        secs += t.elapsed().as_secs_f64();
+        macs += (m * k * o) as f64;
+    }
+    macs / secs
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.retain_freed_memory && !kd_train::retain_freed_memory() {
@@ -56,27 +149,58 @@ fn main() -> Result<()> {
     }
     let device = parse_device("cpu")?;
     device.seed(0);
-    let mut config = LlamaConfig::bench_155m();
+    let seed_1b = args.preset == Preset::Seed1b;
+    let (name, mut config, lora, shape) = if seed_1b {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/configs/llama-3.2-1b-instruct.json"
+        );
+        let lora = LoraConfig {
+            r: 64,
+            alpha: 128.0,
+            dropout: 0.05,
+            ..LoraConfig::default()
+        };
+        (
+            "seed-1b",
+            LlamaConfig::from_file(path)?,
+            lora,
+            (1, 2048, 1, 2),
+        )
+    } else {
+        let lora = LoraConfig {
+            r: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            ..LoraConfig::default()
+        };
+        (
+            "bench-155m",
+            LlamaConfig::bench_155m(),
+            lora,
+            (4, 256, 3, 10),
+        )
+    };
     if let Some(v) = args.vocab {
         config.vocab_size = v;
     }
-    let lora = LoraConfig {
-        r: 16,
-        alpha: 32.0,
-        dropout: 0.0,
-        ..LoraConfig::default()
-    };
+    let b = args.batch.unwrap_or(shape.0);
+    let s = args.seq.unwrap_or(shape.1);
+    let warmup = args.warmup.unwrap_or(shape.2);
+    let steps = args.steps.unwrap_or(shape.3);
     let llama = Llama::random(&config, &device).apply_lora_seeded(&lora, 0)?;
     println!(
-        "bench-155m: {} parameters; {}",
+        "{name}: {} parameters; {}; batch {b} × {s}, LoRA r{} α{} dropout {}",
         config.num_parameters(),
-        llama.parameter_report()
+        llama.parameter_report(),
+        lora.r,
+        lora.alpha,
+        lora.dropout
     );
     let mut model = TrainModel {
         llama: llama.train(),
         projection: None,
     };
-    let (b, s) = (args.batch, args.seq);
     let batch = random_batch(b, s, config.vocab_size);
     let n = batch.label_tokens() as f32;
     let loss_fn = CausalLmLoss { weight: 1.0 };
@@ -87,61 +211,89 @@ fn main() -> Result<()> {
         weight_decay: 0.01,
     };
     let mut opt = AdamW::default();
-    let mut times = Vec::new();
-    let mut phases = [Vec::new(), Vec::new(), Vec::new()];
-    let mut last_loss = 0.0;
-    for i in 0..args.warmup + args.steps {
-        let t = Instant::now();
-        let l = loss_fn.loss(&model, &batch, n, i as u64)?;
-        last_loss = l.total.clone().into_scalar::<f32>();
-        let t_forward = t.elapsed().as_secs_f64();
-        let grads = GradientsParams::from_grads(l.total.backward(), &model);
-        let t_backward = t.elapsed().as_secs_f64();
-        let norm = global_grad_norm(&model, &grads);
-        model = opt.step(model, &grads, params, 2e-4, clip_coefficient(norm, 1.0));
-        if i >= args.warmup {
-            let total = t.elapsed().as_secs_f64();
-            times.push(total);
-            phases[0].push(t_forward);
-            phases[1].push(t_backward - t_forward);
-            phases[2].push(total - t_backward);
-        }
-    }
+    let tokens = (b * s) as f64;
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let [f, bw, o] = phases.each_mut().map(median);
-    let median = median(&mut times);
-    let tokens = (b * s) as f64;
-    let peak = proc_status_bytes("VmHWM").unwrap_or(0) as f64 / 1e9;
-    println!(
-        "ours:    median step {:.3} s, {:.1} tokens/s, peak RSS {:.2} GB, loss {:.4}",
-        median,
-        tokens / median,
-        peak,
-        last_loss
-    );
-    println!("ours:    forward {f:.3} s, backward {bw:.3} s, optimizer {o:.3} s (medians)");
-    if let Some(py) = args.python {
-        let mut cmd = Command::new(py);
-        if args.retain_freed_memory {
-            cmd.env("GLIBC_TUNABLES", RETAIN_TUNABLES);
+    let mut step = 0u64;
+    for round in 0..args.rounds.max(1) {
+        let mut times = Vec::new();
+        let mut phases = [Vec::new(), Vec::new(), Vec::new()];
+        let mut last_loss = 0.0;
+        let wall0 = Instant::now();
+        let mut timed_cpu = (0.0, 0.0);
+        let first = if round == 0 { warmup } else { 0 };
+        for i in 0..first + steps {
+            if i == first {
+                timed_cpu = (cpu_seconds(), wall0.elapsed().as_secs_f64());
+            }
+            let t = Instant::now();
+            let l = loss_fn.loss(&model, &batch, n, step)?;
+            step += 1;
+            last_loss = l.total.clone().into_scalar::<f32>();
+            let t_forward = t.elapsed().as_secs_f64();
+            let grads = GradientsParams::from_grads(l.total.backward(), &model);
+            let t_backward = t.elapsed().as_secs_f64();
+            let norm = global_grad_norm(&model, &grads);
+            model = opt.step(model, &grads, params, 2e-4, clip_coefficient(norm, 1.0));
+            if i >= first {
+                let total = t.elapsed().as_secs_f64();
+                times.push(total);
+                phases[0].push(t_forward);
+                phases[1].push(t_backward - t_forward);
+                phases[2].push(total - t_backward);
+            }
         }
-        let status = cmd
-            .arg("benches/train_step_pytorch.py")
-            .args(["--batch", &b.to_string(), "--seq", &s.to_string()])
-            .args(["--vocab", &config.vocab_size.to_string()])
-            .args([
-                "--warmup",
-                &args.warmup.to_string(),
-                "--steps",
-                &args.steps.to_string(),
-            ])
-            .env("OMP_WAIT_POLICY", "PASSIVE")
-            .status()?;
-        if !status.success() {
-            bail!("the PyTorch script failed");
+        let cpu_ratio =
+            (cpu_seconds() - timed_cpu.0) / (wall0.elapsed().as_secs_f64() - timed_cpu.1).max(1e-9);
+        let [f, bw, o] = phases.each_mut().map(median);
+        let m = median(&mut times);
+        let peak = proc_status_bytes("VmHWM").unwrap_or(0) as f64 / 1e9;
+        println!(
+            "ours (round {}): median step {:.3} s, {:.1} tokens/s, peak RSS {:.2} GB, loss {:.4}, CPU/wall {:.2}",
+            round + 1,
+            m,
+            tokens / m,
+            peak,
+            last_loss,
+            cpu_ratio
+        );
+        println!("ours:    forward {f:.3} s, backward {bw:.3} s, optimizer {o:.3} s (medians)");
+        if round == 0 {
+            let rate = gemm_rate(&config, b * s);
+            let bound = step_macs(&config, lora.r, b * s, s) / rate;
+            println!(
+                "ours:    GEMM-bound time {bound:.3} s ({:.1} G multiply-adds at {:.1} G/s measured on the step's shapes): the step takes {:.2}× it",
+                step_macs(&config, lora.r, b * s, s) / 1e9,
+                rate / 1e9,
+                m / bound
+            );
+        }
+        if let Some(py) = &args.python {
+            let mut cmd = Command::new(py);
+            if args.retain_freed_memory {
+                cmd.env("GLIBC_TUNABLES", RETAIN_TUNABLES);
+            }
+            if seed_1b {
+                cmd.args(["benches/train_step_pytorch.py", "--preset", "seed-1b"]);
+            } else {
+                cmd.arg("benches/train_step_pytorch.py");
+            }
+            let status = cmd
+                .args(["--batch", &b.to_string(), "--seq", &s.to_string()])
+                .args(["--vocab", &config.vocab_size.to_string()])
+                .args([
+                    "--warmup",
+                    &warmup.to_string(),
+                    "--steps",
+                    &steps.to_string(),
+                ])
+                .env("OMP_WAIT_POLICY", "PASSIVE")
+                .status()?;
+            if !status.success() {
+                bail!("the PyTorch script failed");
+            }
         }
     }
     Ok(())
