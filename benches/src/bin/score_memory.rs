@@ -57,6 +57,8 @@ fn main() -> Result<()> {
                 .collect()
         })
         .collect();
+    // Parameters initialise lazily: one tiny scoring call materialises them first.
+    teacher.score_with(&[vec![1, 2, 3]], &ScoreOptions::top_k(args.top_k))?;
     let weights = proc_status_bytes("VmRSS").unwrap_or(0) as f64 / 1e9;
     let t = Instant::now();
     let (scores, extra) =
