@@ -232,7 +232,9 @@ fn main() -> Result<()> {
                 timed_cpu = (cpu_seconds(), wall0.elapsed().as_secs_f64());
             }
             let t = Instant::now();
-            let current = model.take().expect("the model lives until the last PyTorch run");
+            let current = model
+                .take()
+                .expect("the model lives until the last PyTorch run");
             let l = loss_fn.loss(&current, &batch, n, step)?;
             step += 1;
             last_loss = l.total.clone().into_scalar::<f32>();
