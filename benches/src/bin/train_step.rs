@@ -97,13 +97,15 @@ fn step_macs(c: &LlamaConfig, r: usize, n: usize, seq: usize) -> f64 {
     let per_token: usize = projections
         .iter()
         .map(|&(i, o)| {
-            // base: forward + dx; adapter: x·A, ·B forward, then u = g·Bᵀ, dA, dB, dx.
-            2 * i * o + r * (i + o) * 2 + r * (i + o) * 2
+            // base: forward + dx; adapter: x·A and ·B forward, then x·A again, u = g·Bᵀ, dA,
+            // dB and u·Aᵀ: four products of r·i and three of r·o.
+            2 * i * o + r * (4 * i + 3 * o)
         })
         .sum();
-    // Attention (causal: half the keys), forward + backward (recomputed scores: 2 + 4 products).
+    // Attention (causal: half the keys): QKᵀ and PV forward; the recomputed scores, dV, dP,
+    // dQ and dK backward: 7 products.
     let attention =
-        l as f64 * c.num_attention_heads as f64 * c.head_dim as f64 * (seq as f64 / 2.0) * 6.0;
+        l as f64 * c.num_attention_heads as f64 * c.head_dim as f64 * (seq as f64 / 2.0) * 7.0;
     let head = 2 * hid * c.vocab_size;
     n as f64 * ((l * per_token + head) as f64 + attention)
 }

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Writes `bytes` to `path` so that a crash never leaves a half-written file under the final
 /// name: a temporary file in the same directory (named after the file, the process and a
 /// counter, so threads never share one), fsync, rename over `path`, then fsync of the
-/// directory so that the rename itself is durable. On error the temporary file is removed and
-/// `path` is untouched.
+/// directory so that the rename itself is durable. When writing or renaming fails the
+/// temporary file is removed and `path` is untouched; when only the directory's fsync fails,
+/// `path` already holds the new bytes (the error says the rename may not be durable).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path

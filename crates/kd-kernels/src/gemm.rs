@@ -10,17 +10,24 @@ use gemm::Parallelism;
 
 use crate::KernelError;
 
-/// Values one view spans: its last index + 1 (0 when empty).
-fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+/// Values one view spans: its last index + 1 (0 when empty); `None` when that overflows.
+fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<usize> {
     if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
+        return Some(0);
     }
+    (rows - 1)
+        .checked_mul(rs)?
+        .checked_add((cols - 1).checked_mul(cs)?)?
+        .checked_add(1)
 }
 
 fn check(rows: usize, cols: usize, rs: usize, cs: usize, len: usize) -> Result<(), KernelError> {
-    let needed = extent(rows, cols, rs, cs);
+    // Strides reach GEMM as `isize`: larger ones (even on an axis of size 1, where they are
+    // never applied) are refused rather than wrapped.
+    let fits = rs <= isize::MAX as usize && cs <= isize::MAX as usize;
+    let needed = extent(rows, cols, rs, cs)
+        .filter(|_| fits)
+        .unwrap_or(usize::MAX);
     if needed > len {
         return Err(KernelError::OutOfBounds {
             rows,
@@ -356,6 +363,10 @@ mod tests {
         ));
         // A strided view reaching one past the end.
         assert!(MatRef::new(&a, 3, 2, 6, 1).is_err());
+        // Strides whose extent overflows (or that do not fit an isize) are refused.
+        assert!(MatRef::new(&a, 3, 1, 1 << 63, 1).is_err());
+        assert!(MatRef::new(&a, 1, 1, usize::MAX, 1).is_err());
+        assert!(MatMut::rows(&mut [0f32; 4], 2, 1, usize::MAX / 2 + 2).is_err());
         assert!(MatRef::new(&a, 3, 2, 5, 1).is_ok());
         let mut c = [0f32; 12];
         assert!(matches!(

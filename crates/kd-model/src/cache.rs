@@ -101,8 +101,8 @@ impl KvCache {
 
     /// Rolls each row back to its first `real_len[row]` real tokens (speculative decoding
     /// drops the rejected drafts): later real slots are masked out, and trailing slots no row
-    /// needs any more are freed. A row then continues exactly as if the dropped tokens had
-    /// never been fed.
+    /// needs any more are released for the next tokens (they stay allocated). A row then
+    /// continues exactly as if the dropped tokens had never been fed.
     pub fn truncate(&mut self, real_len: &[i64]) -> Result<()> {
         let batch = self.valid.len();
         if real_len.len() != batch {

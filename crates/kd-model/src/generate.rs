@@ -11,6 +11,9 @@ use crate::error::{ModelError, Result};
 use crate::model::Llama;
 use crate::sampling::{Sampling, choose, log_prob};
 
+/// New-token slots `generate` allocates up front per row (the KV cache grows beyond).
+const PREALLOCATED_NEW: usize = 1024;
+
 /// Why a completion ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -133,8 +136,11 @@ impl Llama {
             .map(|p| ChaCha8Rng::seed_from_u64(p.seed))
             .collect();
         let mut active: Vec<usize> = (0..prompts.len()).collect();
+        // Preallocate for the prompt and up to PREALLOCATED_NEW tokens (requests may ask for
+        // far more than rows will generate); the cache doubles beyond that.
         let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
-        let mut cache = self.new_cache_with_capacity(longest + options.max_new_tokens);
+        let slots = longest.saturating_add(options.max_new_tokens.min(PREALLOCATED_NEW));
+        let mut cache = self.new_cache_with_capacity(slots);
         let mut batch = TokenBatch::from_rows(&rows, self.pad_id(), PaddingSide::Left);
         let last = ForwardOptions::last_positions(1);
         loop {

@@ -96,7 +96,11 @@ impl Attention {
                 q,
                 k,
                 v,
-                Some(mask.tensor.clone()),
+                Some(
+                    mask.tensor
+                        .clone()
+                        .expect("a mask tensor wherever the fused kernel does not serve"),
+                ),
                 None,
                 AttentionModuleOptions {
                     scale: Some(scale),
@@ -662,10 +666,11 @@ pub struct LmHead {
     pub weight: burn::module::Param<Tensor<2>>,
 }
 
-/// The attention mask of a forward pass, shared by its layers: the `[batch, 1, seq, keys]`
-/// tensor for Burn's attention and, where the fused kernel serves, its job (built once).
+/// The attention mask of a forward pass, shared by its layers: where the fused kernel
+/// serves, its job (built once); elsewhere the `[batch, 1, seq, keys]` tensor for Burn's
+/// attention. One of the two is built, never both.
 pub(crate) struct LayerMask {
-    tensor: Tensor<4, Bool>,
+    tensor: Option<Tensor<4, Bool>>,
     job: Option<ops::AttentionJob>,
 }
 
@@ -677,11 +682,20 @@ impl LayerMask {
         fused: bool,
         device: &burn::tensor::Device,
     ) -> Result<Self> {
-        let tensor = Tensor::from_data(TensorData::new(values.clone(), [b, 1, s, t]), device);
-        let job = fused
-            .then(|| ops::AttentionJob::new(values, b, s, t, scale as f32))
-            .transpose()?;
-        Ok(Self { tensor, job })
+        Ok(if fused {
+            Self {
+                tensor: None,
+                job: Some(ops::AttentionJob::new(values, b, s, t, scale as f32)?),
+            }
+        } else {
+            Self {
+                tensor: Some(Tensor::from_data(
+                    TensorData::new(values, [b, 1, s, t]),
+                    device,
+                )),
+                job: None,
+            }
+        })
     }
 }
 

@@ -60,7 +60,7 @@ pub struct TrainConfig {
     pub adam_epsilon: f64,
     /// Clip the global gradient norm to this (0 = no clipping).
     pub max_grad_norm: f64,
-    /// Rows per micro-batch per device.
+    /// Rows per micro-batch (per shard).
     pub train_batch_size: usize,
     /// Micro-batches per optimizer step.
     pub gradient_accumulation_steps: usize,
@@ -68,6 +68,7 @@ pub struct TrainConfig {
     /// device with their gradients summed: gradient accumulation that computes exactly what as
     /// many data-parallel replicas would (training on several devices is not implemented).
     /// The rows of a step are shards × train_batch_size × gradient_accumulation_steps.
+    #[serde(alias = "data_parallel")]
     pub accumulation_shards: usize,
     /// Save `checkpoint-{step}` every this many steps (0 = never).
     pub save_steps: usize,
@@ -152,7 +153,7 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// Rows per optimizer step over all replicas and micro-batches.
+    /// Rows per optimizer step over all micro-batches and their shards.
     pub fn effective_batch_size(&self) -> usize {
         self.accumulation_shards * self.train_batch_size * self.gradient_accumulation_steps
     }

@@ -127,8 +127,7 @@ fn key_spans(mask: &[bool], b: usize, s: usize, t: usize) -> Vec<(usize, usize)>
     spans
 }
 
-/// Dimensions of a call; K and V heads start `head_stride` values apart (`keys · d` unless
-/// they are views of a larger cache).
+/// Dimensions of a call (K/V head spacing is passed beside the K/V values).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AttnDims {
     pub(crate) b: usize,
@@ -277,6 +276,9 @@ pub(crate) fn forward(
     let simd = kd_kernels::cpu::simd();
     let mut out = vec![0f32; b * h * s * d];
     let mut lse = vec![f32::NEG_INFINITY; b * h * s];
+    if out.is_empty() || t * d == 0 {
+        return (out, lse);
+    }
     let blocks = s.div_ceil(QUERY_BLOCK);
     out.par_chunks_mut(s * d)
         .zip(lse.par_chunks_mut(s))
@@ -363,6 +365,9 @@ pub(crate) fn backward(
     let mut dq = vec![0f32; b * h * s * d];
     let mut dk = vec![0f32; b * kv * t * d];
     let mut dv = vec![0f32; b * kv * t * d];
+    if dq.is_empty() || dk.is_empty() {
+        return (dq, dk, dv);
+    }
     let blocks = s.div_ceil(QUERY_BLOCK);
     // One task per (batch, KV head): the query heads of a group add into the same dK, dV.
     dq.par_chunks_mut(groups * s * d)

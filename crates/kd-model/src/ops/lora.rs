@@ -245,6 +245,12 @@ pub(crate) fn flex_forward(
     dropout: Option<LoraDropout>,
 ) -> FlexTensor {
     let d = dims(&x, &w, &a, &b, None);
+    if let Some(LoraDropout { p, .. }) = dropout {
+        assert!(
+            (0.0..1.0).contains(&p),
+            "lora_linear: the dropout probability must lie in [0, 1), got {p}"
+        );
+    }
     CALLS.with(|c| c.set(c.get() + 1));
     let y = forward(
         &f32_view(&x),
