@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
-use kd_benches::{peak_extra, proc_status_bytes};
+use kd_benches::{peak_extra, proc_status_bytes, random_prompts};
 use kd_model::{Llama, LlamaConfig, parse_device};
 use kd_teacher::{LocalTeacher, ScoreOptions, Teacher};
 
@@ -44,19 +44,7 @@ fn main() -> Result<()> {
     let mut config = LlamaConfig::from_file(path)?;
     config.num_hidden_layers = args.layers;
     let teacher = LocalTeacher::new(Llama::random(&config, &device), args.batch, "seed-1b");
-    let mut state = 11u64;
-    let sequences: Vec<Vec<u32>> = (0..args.batch)
-        .map(|_| {
-            (0..args.seq)
-                .map(|_| {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((state >> 33) % config.vocab_size as u64) as u32
-                })
-                .collect()
-        })
-        .collect();
+    let sequences = random_prompts(args.batch, args.seq, 0, config.vocab_size as u64);
     // Parameters initialise lazily: one tiny scoring call materialises them first.
     teacher.score_with(&[vec![1, 2, 3]], &ScoreOptions::top_k(args.top_k))?;
     let weights = proc_status_bytes("VmRSS").unwrap_or(0) as f64 / 1e9;

@@ -23,7 +23,7 @@ use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use clap::Parser;
-use kd_benches::{cpu_seconds, proc_status_bytes, random_batch};
+use kd_benches::{cpu_seconds, median, proc_status_bytes, random_batch};
 use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
 use kd_train::{
     AdamW, AdamWParams, CausalLmLoss, StepLossFn, TrainModel, clip_coefficient, global_grad_norm,
@@ -217,21 +217,17 @@ fn main() -> Result<()> {
     };
     let mut opt = AdamW::default();
     let tokens = (b * s) as f64;
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let mut step = 0u64;
     for round in 0..args.rounds.max(1) {
         let mut times = Vec::new();
         let mut phases = [Vec::new(), Vec::new(), Vec::new()];
         let mut last_loss = 0.0;
-        let wall0 = Instant::now();
-        let mut timed_cpu = (0.0, 0.0);
+        // CPU and wall clock at the first timed step.
+        let mut timed_from = (cpu_seconds(), Instant::now());
         let first = if round == 0 { warmup } else { 0 };
         for i in 0..first + steps {
             if i == first {
-                timed_cpu = (cpu_seconds(), wall0.elapsed().as_secs_f64());
+                timed_from = (cpu_seconds(), Instant::now());
             }
             let t = Instant::now();
             let current = model
@@ -254,9 +250,9 @@ fn main() -> Result<()> {
             }
         }
         let cpu_ratio =
-            (cpu_seconds() - timed_cpu.0) / (wall0.elapsed().as_secs_f64() - timed_cpu.1).max(1e-9);
-        let [f, bw, o] = phases.each_mut().map(median);
-        let m = median(&mut times);
+            (cpu_seconds() - timed_from.0) / timed_from.1.elapsed().as_secs_f64().max(1e-9);
+        let [f, bw, o] = phases.map(median);
+        let m = median(times);
         let peak = proc_status_bytes("VmHWM").unwrap_or(0) as f64 / 1e9;
         println!(
             "ours (round {}): median step {:.3} s, {:.1} tokens/s, peak RSS {:.2} GB, loss {:.4}, CPU/wall {:.2}",
