@@ -53,7 +53,10 @@ use burn::tensor::Device;
 pub use batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
 pub use cache::KvCache;
 pub use config::{LlamaConfig, RopeScaling, StoredDType};
-pub use device::{cuda_compiled, parse_device, parse_device_list};
+pub use device::{
+    Adapter, GraphicsApi, adapters, cuda_compiled, describe, gpus_available, parse_device,
+    parse_device_list, wgpu_compiled,
+};
 pub use error::{ModelError, Result};
 pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
 pub use gguf::unpermute_rows;

@@ -85,9 +85,11 @@ impl Attention {
             // sequence, the cache's slots read in place), forward and backward.
             ops::fused_attention_job(q, k, v, job.clone())
         } else {
-            // Flex's attention kernel shares K/V heads natively; autodiff's fallback needs them
-            // repeated (transformers' `repeat_kv`).
-            let (k, v) = if q.is_autodiff() && h != kv {
+            // Flex's attention kernel shares K/V heads natively; autodiff's fallback and the
+            // other backends need them repeated (transformers' `repeat_kv`).
+            let shares_heads =
+                !q.is_autodiff() && q.device().without_autodiff() == burn::tensor::Device::flex();
+            let (k, v) = if h != kv && !shares_heads {
                 (repeat_kv(k, h / kv), repeat_kv(v, h / kv))
             } else {
                 (k, v)

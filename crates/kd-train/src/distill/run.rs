@@ -14,7 +14,7 @@ use kd_data::{
     QaKeys, QaSource, Truncation, collate, plan_batches, special_tokens,
 };
 use kd_lora::{LoraConfig, TargetModules};
-use kd_model::{Llama, LlamaConfig, cuda_compiled, parse_device};
+use kd_model::{Llama, LlamaConfig, parse_device};
 use kd_teacher::{
     LocalTeacher, RemoteConfig, RemoteTeacher, ScoreCache, ScoreCacheManifest, ScoreOptions,
     Scores, Teacher, model_fingerprint, sequences_hash,
@@ -217,27 +217,30 @@ pub fn read_examples(
     Ok((examples, cut))
 }
 
-/// The device of a worker: its first GPU in a CUDA build, the CPU otherwise.
+/// The device of a worker: its first GPU where this build reaches one (CUDA, or a hardware
+/// wgpu adapter), the CPU otherwise.
 fn worker_device(
     mapping: Option<&super::config::DeviceMapping>,
     what: &str,
     warnings: &mut Vec<String>,
 ) -> Result<Device> {
     match mapping.and_then(|m| m.0.first()) {
-        Some(gpu) if cuda_compiled() => {
+        Some(gpu) if kd_model::gpus_available() => {
+            let device = parse_device(&gpu.to_string())?;
             if mapping.is_some_and(|m| m.0.len() > 1) {
                 warnings.push(format!(
                     "`{what}.device_mapping` names {} GPUs; this toolkit runs a worker on one \
-                     device: cuda:{gpu}",
-                    mapping.map_or(0, |m| m.0.len())
+                     device: GPU {gpu} ({})",
+                    mapping.map_or(0, |m| m.0.len()),
+                    kd_model::describe(&device)
                 ));
             }
-            Ok(parse_device(&format!("cuda:{gpu}"))?)
+            Ok(device)
         }
         Some(_) => {
             warnings.push(format!(
-                "`{what}.device_mapping` names GPUs, but this build has no CUDA: the {what} runs \
-                 on the CPU"
+                "`{what}.device_mapping` names GPUs, but this build reaches none (no CUDA, no \
+                 hardware wgpu adapter): the {what} runs on the CPU"
             ));
             Ok(Device::flex())
         }
