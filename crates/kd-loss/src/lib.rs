@@ -28,6 +28,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod chunked;
 mod config;
 mod error;
 mod fused;
@@ -39,6 +40,7 @@ mod loss;
 mod reference;
 mod shift;
 
+pub use chunked::{CHUNK_ELEMENTS, chunk_rows, linear_cross_entropy_chunked, linear_kd_chunked};
 pub use config::{KdConfig, KdObjective, SparseStudent};
 pub use error::{LossError, Result};
 pub use fused::f32_view;

@@ -19,10 +19,10 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul, matmul_into};
 
-use crate::error::{LossError, Result};
+use crate::error::Result;
 use crate::fused::{f32_view, flex, grad_or_placeholder, read_stats, stats_values};
 use crate::kernels::{self, BatchStats};
-use crate::loss::{LossOutput, LossStats, check_normalizer, check_targets, cross_entropy, on_flex};
+use crate::loss::{LossOutput, LossStats, check_normalizer, check_targets, on_flex};
 
 /// Largest logits block, in elements (256 Mi f32 = 1 GiB); rows are processed in blocks of at
 /// most this many logits.
@@ -257,8 +257,9 @@ impl<B: Backend + LinearCeBackend, C: CheckpointStrategy> LinearCeBackend for Au
 /// - `weight`: the LM head in the checkpoint layout `[vocab, hidden]`; frozen or trained.
 ///
 /// On the CPU backend in f32 this never materialises the logits beyond one block of rows and
-/// computes the gradients during the forward pass (see the module docs); elsewhere it is
-/// `cross_entropy(hidden · Wᵀ)`. Both give the same loss, gradients and statistics.
+/// computes the gradients during the forward pass (see the module docs); elsewhere it runs
+/// [`linear_cross_entropy_chunked`](crate::linear_cross_entropy_chunked), the same in Burn's
+/// generic operations, chunk by chunk. Both give the same loss, gradients and statistics.
 pub fn linear_cross_entropy(
     hidden: Tensor<2>,
     weight: Tensor<2>,
@@ -266,19 +267,20 @@ pub fn linear_cross_entropy(
     normalizer: f32,
 ) -> Result<LossOutput> {
     check_normalizer(normalizer)?;
-    let [rows, dim] = hidden.dims();
-    let [vocab, wdim] = weight.dims();
-    if wdim != dim {
-        return Err(LossError::Shape(format!(
-            "LM head weight [{vocab}, {wdim}] does not fit hidden states [{rows}, {dim}] \
-             (expected [vocab, {dim}])"
-        )));
-    }
+    crate::chunked::check_head(&hidden, &weight)?;
+    let [rows, _] = hidden.dims();
+    let [vocab, _] = weight.dims();
     check_targets(targets, rows, vocab, "hidden states")?;
     let fused =
         on_flex(&hidden.device()) && hidden.dtype() == DType::F32 && weight.dtype() == DType::F32;
     if !fused {
-        return cross_entropy(hidden.matmul(weight.transpose()), targets, normalizer);
+        return crate::chunked::linear_cross_entropy_chunked(
+            hidden,
+            weight,
+            targets,
+            normalizer,
+            crate::chunked::chunk_rows(vocab),
+        );
     }
     let job = LinearCeJob {
         targets: targets.to_vec(),

@@ -28,9 +28,7 @@ use crate::fused::{
 };
 use crate::kernels::{self, BatchStats, KdParams, Scratch, TeacherRow, TeacherRows, math};
 use crate::linear::{StoredGradsBackward, hidden_grad_block, logits_block, weight_grad_block};
-use crate::loss::{
-    LossStats, Teacher, check_normalizer, check_targets, cross_entropy, kd_loss, on_flex,
-};
+use crate::loss::{LossStats, Teacher, check_normalizer, check_targets, on_flex};
 
 /// Largest logits block in elements (16 Mi f32 = 64 MiB; the block's gradient takes as
 /// much again).
@@ -432,8 +430,10 @@ fn stats_of(v: &[f32]) -> LossStats {
 /// vocabulary).
 ///
 /// On the CPU backend in f32 the logits never exist beyond one block of rows and the
-/// gradients are computed during the forward pass; elsewhere it is `kd_loss(hidden · Wᵀ)`
-/// (+ `cross_entropy`). Both give the same loss, gradients and statistics.
+/// gradients are computed during the forward pass; elsewhere it runs
+/// [`linear_kd_chunked`](crate::linear_kd_chunked): `kd_loss(hidden · Wᵀ)` (+ `cross_entropy`)
+/// chunk by chunk in Burn's generic operations. Both give the same loss, gradients and
+/// statistics.
 #[allow(clippy::too_many_arguments)] // the arguments of kd_loss, plus the two weights and CE
 pub fn linear_kd(
     hidden: Tensor<2>,
@@ -445,64 +445,30 @@ pub fn linear_kd(
     kd_weight: f32,
     ce: Option<LinearCe<'_>>,
 ) -> Result<LinearKdOutput> {
-    config.validate()?;
-    check_normalizer(normalizer)?;
-    let [rows, dim] = hidden.dims();
-    let [vocab, wdim] = weight.dims();
-    if wdim != dim {
-        return Err(LossError::Shape(format!(
-            "LM head weight [{vocab}, {wdim}] does not fit hidden states [{rows}, {dim}] \
-             (expected [vocab, {dim}])"
-        )));
-    }
-    if mask.len() != rows {
-        return Err(LossError::Shape(format!(
-            "mask has {} entries for {rows} rows of hidden states",
-            mask.len()
-        )));
-    }
-    if let Some(c) = &ce {
-        check_targets(c.targets, rows, vocab, "hidden states")?;
-    }
-    let teacher_ok = match &teacher {
-        Teacher::Logits(t) => t.dims() == [rows, vocab],
-        Teacher::TopK { indices, values } => {
-            indices.dims() == values.dims() && indices.dims()[0] == rows
-        }
-    };
-    if !teacher_ok {
-        return Err(LossError::Shape(format!(
-            "teacher rows do not match {rows} hidden rows over a vocabulary of {vocab}"
-        )));
-    }
-    if let Teacher::TopK { indices, .. } = &teacher {
-        let max = indices.clone().max().into_scalar::<i64>();
-        let min = indices.clone().min().into_scalar::<i64>();
-        if min < 0 || max >= vocab as i64 {
-            return Err(LossError::Input(format!(
-                "teacher top-k index out of range [{min}, {max}] for a student vocabulary of {vocab}"
-            )));
-        }
-    }
+    check_linear_kd(
+        &hidden,
+        &weight,
+        &teacher,
+        mask,
+        normalizer,
+        config,
+        ce.as_ref(),
+    )?;
+    let [vocab, _] = weight.dims();
     let fused =
         on_flex(&hidden.device()) && hidden.dtype() == DType::F32 && weight.dtype() == DType::F32;
     if !fused {
-        let logits = hidden.matmul(weight.transpose());
-        let kd = kd_loss(logits.clone(), teacher, mask, normalizer, config)?;
-        let mut loss = kd.loss * kd_weight;
-        let ce_stats = match ce {
-            Some(c) => {
-                let out = cross_entropy(logits, c.targets, normalizer)?;
-                loss = loss + out.loss * c.weight;
-                Some(out.stats)
-            }
-            None => None,
-        };
-        return Ok(LinearKdOutput {
-            loss,
-            kd: kd.stats,
-            ce: ce_stats,
-        });
+        return crate::chunked::linear_kd_chunked(
+            hidden,
+            weight,
+            teacher,
+            mask,
+            normalizer,
+            config,
+            kd_weight,
+            ce,
+            crate::chunked::chunk_rows(vocab),
+        );
     }
     let job = LinearKdJob {
         kd: config.kernel_params(),
@@ -536,6 +502,54 @@ pub fn linear_kd(
         kd: stats_of(&stats[..5]),
         ce: ce.map(|_| stats_of(&stats[5..])),
     })
+}
+
+/// The checks [`linear_kd`] and [`linear_kd_chunked`](crate::linear_kd_chunked) make before
+/// any work: shapes of the head, mask, targets and teacher, top-k indices in range.
+pub(crate) fn check_linear_kd(
+    hidden: &Tensor<2>,
+    weight: &Tensor<2>,
+    teacher: &Teacher,
+    mask: &[bool],
+    normalizer: f32,
+    config: &KdConfig,
+    ce: Option<&LinearCe<'_>>,
+) -> Result<()> {
+    config.validate()?;
+    check_normalizer(normalizer)?;
+    crate::chunked::check_head(hidden, weight)?;
+    let [rows, _] = hidden.dims();
+    let [vocab, _] = weight.dims();
+    if mask.len() != rows {
+        return Err(LossError::Shape(format!(
+            "mask has {} entries for {rows} rows of hidden states",
+            mask.len()
+        )));
+    }
+    if let Some(c) = ce {
+        check_targets(c.targets, rows, vocab, "hidden states")?;
+    }
+    let teacher_ok = match teacher {
+        Teacher::Logits(t) => t.dims() == [rows, vocab],
+        Teacher::TopK { indices, values } => {
+            indices.dims() == values.dims() && indices.dims()[0] == rows
+        }
+    };
+    if !teacher_ok {
+        return Err(LossError::Shape(format!(
+            "teacher rows do not match {rows} hidden rows over a vocabulary of {vocab}"
+        )));
+    }
+    if let Teacher::TopK { indices, .. } = teacher {
+        let max = indices.clone().max().into_scalar::<i64>();
+        let min = indices.clone().min().into_scalar::<i64>();
+        if min < 0 || max >= vocab as i64 {
+            return Err(LossError::Input(format!(
+                "teacher top-k index out of range [{min}, {max}] for a student vocabulary of {vocab}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
