@@ -13,17 +13,15 @@ Prints CPU time / wall time over the timed steps (about --threads on an idle mac
 
 Usage: OMP_WAIT_POLICY=PASSIVE python benches/train_step_pytorch.py [--threads 2] [--preset seed-1b]
 """
-import json
-import os
 import argparse
 import statistics
 import time
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from bench_model import bench_config
+from bench_model import bench_config, seed_1b_config
 
 p = argparse.ArgumentParser()
 p.add_argument("--preset", choices=["bench-155m", "seed-1b"], default="bench-155m")
@@ -33,6 +31,7 @@ p.add_argument("--warmup", type=int, default=None)
 p.add_argument("--steps", type=int, default=None)
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default 128256)")
+p.add_argument("--device", default="cpu", help="cpu or cuda")
 args = p.parse_args()
 seed_1b = args.preset == "seed-1b"
 defaults = (1, 2048, 1, 2) if seed_1b else (4, 256, 3, 10)
@@ -43,26 +42,27 @@ args.steps = args.steps or defaults[3]
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
 if seed_1b:
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "..", "fixtures", "configs", "llama-3.2-1b-instruct.json")) as f:
-        raw = json.load(f)
-    raw.pop("torch_dtype", None)
-    config = LlamaConfig(**raw)
-    config._attn_implementation = "sdpa"
+    config = seed_1b_config()
     lora = dict(r=64, lora_alpha=128, lora_dropout=0.05)
 else:
     config = bench_config()
     lora = dict(r=16, lora_alpha=32, lora_dropout=0.0)
 if args.vocab:
     config.vocab_size = args.vocab
-model = LlamaForCausalLM(config)
+model = LlamaForCausalLM(config).to(args.device)
 model = get_peft_model(model, LoraConfig(
     **lora, task_type="CAUSAL_LM",
     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 ))
 model.train()
 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4, weight_decay=0.01, eps=1e-8)
-ids = torch.randint(0, config.vocab_size, (args.batch, args.seq))
+ids = torch.randint(0, config.vocab_size, (args.batch, args.seq)).to(args.device)
+
+
+def sync():
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
 times = []
 phases = ([], [], [])
 cpu0 = wall0 = None
@@ -71,13 +71,16 @@ for i in range(args.warmup + args.steps):
         cpu0, wall0 = time.process_time(), time.perf_counter()
     t = time.perf_counter()
     loss = model(input_ids=ids, labels=ids).loss
+    sync()
     t_forward = time.perf_counter() - t
     loss.backward()
+    sync()
     t_backward = time.perf_counter() - t
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
     if i >= args.warmup:
+        sync()
         total = time.perf_counter() - t
         times.append(total)
         phases[0].append(t_forward)
@@ -92,3 +95,7 @@ print(f"pytorch: median step {median:.3f} s, {args.batch * args.seq / median:.1f
       f"peak RSS {hwm / 1e9:.2f} GB, loss {loss.item():.4f}, CPU/wall {cpu_ratio:.2f} "
       f"(torch {torch.__version__}, {args.preset})")
 print(f"pytorch: forward {t_f:.3f} s, backward {t_b:.3f} s, optimizer {t_o:.3f} s (medians)")
+if args.device.startswith("cuda"):
+    print(f"pytorch: device memory: peak in use {torch.cuda.max_memory_allocated() / 1e9:.2f} GB, "
+          f"peak reserved {torch.cuda.max_memory_reserved() / 1e9:.2f} GB "
+          f"({torch.cuda.get_device_name()})")

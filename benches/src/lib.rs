@@ -122,3 +122,36 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
+
+/// The model shapes the benches run (random weights).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// bench-155m of `reference/benchmarks.md`.
+    #[value(name = "bench-155m")]
+    Bench155m,
+    /// Llama-3.2-1B's configuration (`fixtures/configs/llama-3.2-1b-instruct.json`), the
+    /// seed's draft.
+    #[value(name = "seed-1b")]
+    Seed1b,
+}
+
+impl Preset {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Bench155m => "bench-155m",
+            Preset::Seed1b => "seed-1b",
+        }
+    }
+
+    /// The model configuration.
+    pub fn config(self) -> kd_model::Result<kd_model::LlamaConfig> {
+        match self {
+            Preset::Bench155m => Ok(kd_model::LlamaConfig::bench_155m()),
+            Preset::Seed1b => kd_model::LlamaConfig::from_file(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../fixtures/configs/llama-3.2-1b-instruct.json"
+            )),
+        }
+    }
+}

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use clap::Parser;
+use kd_benches::Preset;
 use kd_model::{Llama, LlamaConfig, parse_device};
 use kd_teacher::{LocalTeacher, Prompt, SamplingParams, Teacher};
 
@@ -42,6 +43,19 @@ struct Args {
     /// is the median of the 21 steps centred on it.
     #[arg(long, value_delimiter = ',', default_values_t = [100usize, 2000])]
     positions: Vec<usize>,
+    /// The model's shape (random weights): bench-155m, or the seed's Llama-3.2-1B.
+    #[arg(long, value_enum, default_value_t = Preset::Bench155m)]
+    preset: Preset,
+    /// Our device (`cpu`, `wgpu:0`, `cuda:0`, …).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Vocabulary size (default: the preset's); a software driver binds at most 128 MiB per
+    /// buffer, less than a 128k-token embedding.
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// transformers' device (`cpu` or `cuda`).
+    #[arg(long, default_value = "cpu")]
+    torch_device: String,
 }
 
 /// Decode time per token at each position of `positions`, batch 1, greedy, KV cache.
@@ -105,13 +119,18 @@ fn per_position(model: &Llama, config: &LlamaConfig, positions: &[usize]) -> Res
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let device = parse_device("cpu")?;
+    let device = parse_device(&args.device)?;
+    println!("device: {}", kd_model::describe(&device));
     device.seed(0);
-    let config = LlamaConfig::bench_155m();
+    let mut config = args.preset.config()?;
+    if let Some(v) = args.vocab {
+        config.vocab_size = v;
+    }
     if args.per_position {
         return per_position(&Llama::random(&config, &device), &config, &args.positions);
     }
-    let teacher = LocalTeacher::new(Llama::random(&config, &device), args.batch, "bench-155m");
+    let preset = args.preset.name();
+    let teacher = LocalTeacher::new(Llama::random(&config, &device), args.batch, preset);
     let mut state = 7u64;
     let prompts: Vec<Prompt> = (0..args.batch)
         .map(|i| Prompt {
@@ -163,6 +182,8 @@ fn main() -> Result<()> {
                 "--repeats",
                 &args.repeats.to_string(),
             ])
+            .args(["--preset", preset, "--device", &args.torch_device])
+            .args(["--vocab", &config.vocab_size.to_string()])
             .env("OMP_WAIT_POLICY", "PASSIVE")
             .status()?;
         if !status.success() {

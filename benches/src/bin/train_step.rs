@@ -23,26 +23,17 @@ use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use clap::Parser;
-use kd_benches::{cpu_seconds, median, proc_status_bytes, random_batch};
+use kd_benches::{Preset, cpu_seconds, median, proc_status_bytes, random_batch};
 use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
 use kd_train::{
     AdamW, AdamWParams, CausalLmLoss, StepLossFn, TrainModel, clip_coefficient, global_grad_norm,
 };
 
-/// Workload presets.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Preset {
-    /// bench-155m, batch 4 × 256, LoRA r16 α32 dropout 0 (`reference/benchmarks.md`).
-    #[value(name = "bench-155m")]
-    Bench155m,
-    /// Llama-3.2-1B shape, batch 1 × 2048, LoRA r64 α128 dropout 0.05 (the seed's defaults).
-    #[value(name = "seed-1b")]
-    Seed1b,
-}
-
 #[derive(Parser, Debug)]
 struct Args {
-    /// The workload; `--batch`, `--seq`, `--warmup`, `--steps` override its shape.
+    /// The workload: bench-155m at batch 4 × 256 with LoRA r16 α32 dropout 0
+    /// (`reference/benchmarks.md`), or the seed's Llama-3.2-1B at 1 × 2048 with LoRA r64 α128
+    /// dropout 0.05; `--batch`, `--seq`, `--warmup`, `--steps` override the shape.
     #[arg(long, value_enum, default_value_t = Preset::Bench155m)]
     preset: Preset,
     /// Alternating rounds of ours and PyTorch (with `--python`).
@@ -71,6 +62,13 @@ struct Args {
     /// same glibc settings (GLIBC_TUNABLES) for the PyTorch process.
     #[arg(long)]
     retain_freed_memory: bool,
+    /// Our device (`cpu`, `wgpu:0`, `cuda:0`, …; see `kd_model::parse_device`). Off the CPU
+    /// the step also reports the device memory wgpu/CUDA's allocator holds.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// PyTorch's device (`cpu` or `cuda`).
+    #[arg(long, default_value = "cpu")]
+    torch_device: String,
 }
 
 /// glibc tunables equal to what `kd_train::retain_freed_memory` sets.
@@ -146,31 +144,53 @@ fn gemm_rate(c: &LlamaConfig, n: usize) -> f64 {
     macs / secs
 }
 
+/// The most device memory seen in use (live tensors) and reserved (the allocator's pools),
+/// sampled after the forward pass, the backward pass and the optimizer step.
+#[derive(Default)]
+struct DevicePeak {
+    in_use: u64,
+    reserved: u64,
+    sampled: bool,
+}
+
+impl DevicePeak {
+    fn sample(&mut self, device: &burn::tensor::Device) {
+        if let Some(u) = device.memory_pool_usage() {
+            self.in_use = self.in_use.max(u.bytes_in_use);
+            self.reserved = self.reserved.max(u.bytes_reserved);
+            self.sampled = true;
+        }
+    }
+
+    fn report(&self) -> Option<String> {
+        self.sampled.then(|| {
+            format!(
+                "peak in use {:.2} GB, peak reserved {:.2} GB (allocator figures)",
+                self.in_use as f64 / 1e9,
+                self.reserved as f64 / 1e9
+            )
+        })
+    }
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.retain_freed_memory && !kd_train::retain_freed_memory() {
         bail!("--retain-freed-memory needs glibc");
     }
-    let device = parse_device("cpu")?;
+    let device = parse_device(&args.device)?;
+    let on_cpu = device == parse_device("cpu")?;
+    println!("device: {}", kd_model::describe(&device));
     device.seed(0);
     let seed_1b = args.preset == Preset::Seed1b;
     let (name, mut config, lora, shape) = if seed_1b {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../fixtures/configs/llama-3.2-1b-instruct.json"
-        );
         let lora = LoraConfig {
             r: 64,
             alpha: 128.0,
             dropout: 0.05,
             ..LoraConfig::default()
         };
-        (
-            "seed-1b",
-            LlamaConfig::from_file(path)?,
-            lora,
-            (1, 2048, 1, 2),
-        )
+        ("seed-1b", Preset::Seed1b.config()?, lora, (1, 2048, 1, 2))
     } else {
         let lora = LoraConfig {
             r: 16,
@@ -218,6 +238,7 @@ fn main() -> Result<()> {
     let mut opt = AdamW::default();
     let tokens = (b * s) as f64;
     let mut step = 0u64;
+    let mut device_peak = DevicePeak::default();
     for round in 0..args.rounds.max(1) {
         let mut times = Vec::new();
         let mut phases = [Vec::new(), Vec::new(), Vec::new()];
@@ -237,10 +258,15 @@ fn main() -> Result<()> {
             step += 1;
             last_loss = l.total.clone().into_scalar::<f32>();
             let t_forward = t.elapsed().as_secs_f64();
+            device_peak.sample(&device);
             let grads = GradientsParams::from_grads(l.total.backward(), &current);
+            device.sync()?;
             let t_backward = t.elapsed().as_secs_f64();
+            device_peak.sample(&device);
             let norm = global_grad_norm(&current, &grads);
             model = Some(opt.step(current, &grads, params, 2e-4, clip_coefficient(norm, 1.0)));
+            device.sync()?;
+            device_peak.sample(&device);
             if i >= first {
                 let total = t.elapsed().as_secs_f64();
                 times.push(total);
@@ -264,7 +290,10 @@ fn main() -> Result<()> {
             cpu_ratio
         );
         println!("ours:    forward {f:.3} s, backward {bw:.3} s, optimizer {o:.3} s (medians)");
-        if round == 0 {
+        if let Some(report) = device_peak.report() {
+            println!("ours:    device memory: {report}");
+        }
+        if round == 0 && on_cpu {
             let rate = gemm_rate(&config, b * s);
             let bound = step_macs(&config, lora.r, b * s, s) / rate;
             println!(
@@ -292,6 +321,7 @@ fn main() -> Result<()> {
             let status = cmd
                 .args(["--batch", &b.to_string(), "--seq", &s.to_string()])
                 .args(["--vocab", &config.vocab_size.to_string()])
+                .args(["--device", &args.torch_device])
                 .args([
                     "--warmup",
                     &warmup.to_string(),
