@@ -3,7 +3,7 @@
 //! | name | device | feature |
 //! |---|---|---|
 //! | `cpu` | Burn's pure-Rust flex backend, with this crate's fused kernels | always |
-//! | `wgpu`, `wgpu:N` | the default / the N-th adapter of Burn's wgpu backend (Vulkan, Metal, DX12; WGSL shaders) | `wgpu` (default) |
+//! | `wgpu`, `wgpu:N` | the default / the N-th adapter of Burn's wgpu backend (Vulkan, Metal, DX12; shaders compiled at run time) | `wgpu` (default) |
 //! | `vulkan[:N]`, `metal[:N]` | the default / the N-th adapter wgpu finds on that graphics API, pinned to it | `wgpu` |
 //! | `cuda`, `cuda:N` | CUDA device N | `cuda` (its first build downloads an LLVM bundle) |
 //!
@@ -32,7 +32,7 @@ pub fn parse_device(name: &str) -> Result<Device> {
         let index = trimmed
             .parse::<usize>()
             .map_err(|e| err(format!("not a GPU index: {e}")))?;
-        return gpu(index).map_err(|m| err(m.to_string()));
+        return gpu(index).map_err(err);
     }
     let (family, index) = match trimmed.split_once(':') {
         Some((family, n)) => {
@@ -120,8 +120,8 @@ pub struct Adapter {
     pub index: usize,
     /// The name the driver reports (`NVIDIA GeForce RTX 4090`, `llvmpipe (LLVM 15.0.6, 256 bits)`).
     pub name: String,
-    /// What its kernels are compiled for, as the runtime reports it (names the shader
-    /// language and API).
+    /// The runtime's fingerprint of the adapter (its PCI vendor and device ids), which keys
+    /// compiled kernels and measurements.
     pub target: String,
     /// A card on a bus (`false` for a software rasterizer such as lavapipe).
     pub hardware: bool,
@@ -236,6 +236,8 @@ fn wgpu_device(
     use burn::tensor::DeviceKind;
     let Some(api) = api else {
         return match index {
+            // The device is lazy: check now that there is something for it to land on.
+            None if adapters().is_empty() => Err(list_adapters(&[])),
             None => Ok(Device::wgpu(DeviceKind::DefaultDevice)),
             Some(n) => {
                 let all = adapters();
