@@ -105,12 +105,12 @@ pub(crate) fn chunked_head_loss<S>(
     // The surrogate: gradients Gₕ and G_W, value 0 (x − detach(x)), plus the loss as a
     // constant.
     let mut surrogate: Option<Tensor<1>> = None;
-    if track_h {
+    if track_h && !dh_chunks.is_empty() {
         let dh = Tensor::cat(dh_chunks, 0);
-        surrogate = Some((hidden * dh).sum());
+        surrogate = Some((hidden.clone() * dh).sum());
     }
     if let Some(dw) = dw {
-        let term = (weight * dw).sum();
+        let term = (weight.clone() * dw).sum();
         surrogate = Some(match surrogate {
             Some(s) => s + term,
             None => term,
@@ -118,7 +118,12 @@ pub(crate) fn chunked_head_loss<S>(
     }
     let loss = match surrogate {
         Some(s) => s.clone() - s.detach() + total,
-        None => total,
+        // No rows: nothing to differentiate, but the loss stays in the caller's graph
+        // (through the head when it trains: an empty tensor's sum may be a constant).
+        None => {
+            let anchor = if track_w { weight } else { hidden };
+            anchor.sum() * 0.0 + total
+        }
     };
     Ok((loss, values))
 }
@@ -347,6 +352,22 @@ mod tests {
                 assert!(max_diff(&dw, &dwc) <= 1e-6, "{kd} {chunk}: d W");
             }
         }
+    }
+
+    /// No rows: a zero loss whose backward pass still runs.
+    #[test]
+    fn no_rows_give_a_zero_loss() {
+        let device = Device::flex().autodiff();
+        let h = Tensor::<2>::zeros([0, 4], &device).require_grad();
+        let w = tensor(9, 4, 2, &device).require_grad();
+        let out = linear_cross_entropy_chunked(h, w.clone(), &[], 1.0, 3).unwrap();
+        assert_eq!(out.stats.counted, 0);
+        let grads = out.loss.backward();
+        assert_eq!(out.loss.into_scalar::<f32>(), 0.0);
+        assert!(
+            w.grad(&grads)
+                .is_none_or(|g| values(g).iter().all(|x| *x == 0.0))
+        );
     }
 
     /// Without gradients (evaluation) the chunks still add up to the loss.
