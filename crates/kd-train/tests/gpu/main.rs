@@ -64,10 +64,7 @@ fn main() {
     let required = std::env::var_os("KD_REQUIRE_GPU").is_some_and(|v| v != "0");
     let device = util::gpu_device();
     match &device {
-        Ok((device, about)) => {
-            println!("GPU test set on {about}");
-            let _ = device;
-        }
+        Ok((_, about)) => println!("GPU test set on {about}"),
         Err(why) if required => {
             println!("GPU test set: {why}; KD_REQUIRE_GPU is set, so every test fails");
         }

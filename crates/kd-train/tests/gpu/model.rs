@@ -297,10 +297,18 @@ pub fn device_names_reach_the_adapters(_gpu: &Device) {
             1e-5,
         );
     }
+    // Vulkan where the machine has it (wgpu falls back to OpenGL where it does not).
+    match kd_model::parse_device("vulkan:0") {
+        Ok(d) => {
+            println!("  vulkan:0: {}", kd_model::describe(&d));
+            assert_close("vulkan:0: a product vs CPU", &product(&d), &reference, 1e-5);
+        }
+        Err(e) => {
+            println!("  vulkan:0: {e}");
+            assert!(e.to_string().contains("no vulkan adapter"), "{e}");
+        }
+    }
     if cfg!(target_os = "linux") {
-        let d = kd_model::parse_device("vulkan:0").unwrap();
-        println!("  vulkan:0: {}", kd_model::describe(&d));
-        assert_close("vulkan:0: a product vs CPU", &product(&d), &reference, 1e-5);
         let e = kd_model::parse_device("metal:0").unwrap_err().to_string();
         assert!(e.contains("no metal adapter"), "{e}");
     }
@@ -312,5 +320,5 @@ pub fn device_names_reach_the_adapters(_gpu: &Device) {
         "{e}"
     );
     let e = kd_model::parse_device("vulkan:99").unwrap_err().to_string();
-    assert!(e.contains("no vulkan adapter 99"), "{e}");
+    assert!(e.contains("no vulkan adapter"), "{e}");
 }
