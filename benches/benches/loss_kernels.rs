@@ -12,6 +12,7 @@ const N: usize = 1024;
 const V: usize = 128_256;
 
 fn bench(c: &mut Criterion) {
+    eprintln!("machine: {}", kd_kernels::cpu::describe());
     let plain = Device::flex();
     plain.seed(0);
     let device = plain.clone().autodiff();

@@ -3,6 +3,43 @@
 use std::time::Instant;
 
 /// A field of `/proc/self/status` in bytes (`VmRSS`, `VmHWM`).
+/// The machine line every bench prints first: CPU model, logical CPUs, the instruction-set
+/// level the kernels use (`KD_SIMD` caps it) and the CPU's best. An error for an unreadable
+/// `KD_SIMD`.
+pub fn machine() -> anyhow::Result<String> {
+    kd_kernels::cpu::requested()?;
+    Ok(kd_kernels::cpu::describe())
+}
+
+/// Prints [`machine`] as `machine: …`.
+pub fn print_machine() -> anyhow::Result<()> {
+    println!("machine: {}", machine()?);
+    Ok(())
+}
+
+/// A command running a PyTorch twin: `OMP_WAIT_POLICY=PASSIVE` (PyTorch's 2-thread runs
+/// collapse under any other load without it, `reference/benchmarks.md`) and, when `KD_SIMD`
+/// caps our kernels below the CPU's best, the same cap on PyTorch's side
+/// (`ATEN_CPU_CAPABILITY`, `MKL_ENABLE_INSTRUCTIONS`, `ONEDNN_MAX_CPU_ISA`), so that both
+/// sides of a comparison run the same instruction set: an AVX-512 machine stands in for an
+/// AVX2-only one (same caches and clock, so not the same machine).
+pub fn python_command(python: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    use kd_kernels::cpu::{SimdLevel, detected, level};
+    let mut cmd = std::process::Command::new(python);
+    cmd.env("OMP_WAIT_POLICY", "PASSIVE");
+    if level() < detected() {
+        let (aten, mkl, onednn) = match level() {
+            SimdLevel::Scalar => ("default", "SSE4_2", "SSE41"),
+            SimdLevel::Avx2 => ("avx2", "AVX2", "AVX2"),
+            SimdLevel::Avx512 => ("avx512", "AVX512", "AVX512_CORE"),
+        };
+        cmd.env("ATEN_CPU_CAPABILITY", aten)
+            .env("MKL_ENABLE_INSTRUCTIONS", mkl)
+            .env("ONEDNN_MAX_CPU_ISA", onednn);
+    }
+    cmd
+}
+
 pub fn proc_status_bytes(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;

@@ -9,6 +9,7 @@ use burn::tensor::DType;
 use kd_model::{adapters, cuda_compiled, describe, parse_device, wgpu_compiled};
 
 fn main() -> Result<()> {
+    kd_benches::print_machine()?;
     println!("cpu: {}", describe(&parse_device("cpu")?));
     println!(
         "features: wgpu {}, cuda {}",

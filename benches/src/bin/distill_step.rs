@@ -9,7 +9,6 @@
 //! `cargo run --release -p kd-benches --bin distill_step -- --python <venv>/bin/python`
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -44,6 +43,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     let device = parse_device("cpu")?;
     let config = LlamaConfig::bench_155m();
     device.seed(1);
@@ -117,7 +117,7 @@ fn main() -> Result<()> {
         "ours:    teacher {tt:.3} s, student forward + backward {st:.3} s, optimizer {o:.3} s (medians)"
     );
     if let Some(py) = args.python {
-        let status = Command::new(py)
+        let status = kd_benches::python_command(py)
             .arg("benches/distill_step_pytorch.py")
             .args(["--batch", &b.to_string(), "--seq", &s.to_string()])
             .args([
@@ -126,7 +126,6 @@ fn main() -> Result<()> {
                 "--steps",
                 &args.steps.to_string(),
             ])
-            .env("OMP_WAIT_POLICY", "PASSIVE")
             .status()?;
         if !status.success() {
             bail!("the PyTorch script failed");

@@ -10,7 +10,6 @@
 //! linear growth explains (printed beside it, from the multiply-adds of a decode step).
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -119,6 +118,7 @@ fn per_position(model: &Llama, config: &LlamaConfig, positions: &[usize]) -> Res
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     let device = parse_device(&args.device)?;
     println!("device: {}", kd_model::describe(&device));
     device.seed(0);
@@ -168,7 +168,7 @@ fn main() -> Result<()> {
         tokens / median
     );
     if let Some(py) = args.python {
-        let status = Command::new(py)
+        let status = kd_benches::python_command(py)
             .arg("benches/generate_pytorch.py")
             .args([
                 "--batch",
@@ -184,7 +184,6 @@ fn main() -> Result<()> {
             ])
             .args(["--preset", preset, "--device", &args.torch_device])
             .args(["--vocab", &config.vocab_size.to_string()])
-            .env("OMP_WAIT_POLICY", "PASSIVE")
             .status()?;
         if !status.success() {
             bail!("the PyTorch script failed");

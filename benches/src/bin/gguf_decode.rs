@@ -53,6 +53,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     if !args.model.is_file() {
         bail!(
             "{} is missing: run fixtures/fetch-smollm2.sh",

@@ -62,6 +62,7 @@ fn main() -> Result<()> {
         println!("{}", run_one(&args, case)?);
         return Ok(());
     }
+    kd_benches::print_machine()?;
     let mut cases = Vec::new();
     for r in args.rows.split(',') {
         for m in args.modes.split(',') {
@@ -103,10 +104,8 @@ fn main() -> Result<()> {
         let ours = run(c, "ours")?;
         let theirs = match &args.python {
             Some(py) => {
-                let mut c = Command::new(py);
-                c.arg("benches/linear_kd_pytorch.py")
-                    .args(["--case", case])
-                    .env("OMP_WAIT_POLICY", "PASSIVE");
+                let mut c = kd_benches::python_command(py);
+                c.arg("benches/linear_kd_pytorch.py").args(["--case", case]);
                 Some(run(c, "pytorch")?)
             }
             None => None,

@@ -71,6 +71,7 @@ fn main() -> Result<()> {
         println!("{result}");
         return Ok(());
     }
+    kd_benches::print_machine()?;
     let objectives: Vec<String> = match &args.objectives {
         Some(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
         None => OBJECTIVES.iter().map(|s| s.to_string()).collect(),
@@ -128,13 +129,12 @@ fn workload_args(args: &Args) -> [String; 8] {
 /// One objective through `benches/losses_pytorch.py`: its JSON result.
 fn pytorch(python: &PathBuf, args: &Args, objective: &str) -> Result<Option<Value>> {
     let tmp = std::env::temp_dir().join(format!("losses_pytorch_{}.json", std::process::id()));
-    let out = Command::new(python)
+    let out = kd_benches::python_command(python)
         .arg("benches/losses_pytorch.py")
         .args(workload_args(args))
         .args(["--max-seconds", &args.max_seconds.to_string()])
         .args(["--objectives", objective, "--json"])
         .arg(&tmp)
-        .env("OMP_WAIT_POLICY", "PASSIVE")
         .output()
         .context("running benches/losses_pytorch.py")?;
     if !out.status.success() {

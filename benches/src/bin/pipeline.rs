@@ -12,7 +12,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -51,6 +50,7 @@ fn with_tokenizer(dir: &Path) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     kd_train::retain_freed_memory();
     let device = parse_device("cpu")?;
     device.seed(0);
@@ -172,7 +172,7 @@ fn main() -> Result<()> {
     );
 
     if let Some(py) = args.python {
-        let status = Command::new(py)
+        let status = kd_benches::python_command(py)
             .arg("benches/pipeline_pytorch.py")
             .arg("--target")
             .arg(&tdir)
@@ -183,7 +183,6 @@ fn main() -> Result<()> {
             .args(["--new-tokens", &args.new_tokens.to_string()])
             .arg("--out")
             .arg(tmp.path().join("pytorch"))
-            .env("OMP_WAIT_POLICY", "PASSIVE")
             .status()
             .context("running the PyTorch script")?;
         if !status.success() {

@@ -23,6 +23,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     let dir = tempfile::tempdir()?;
     let part = dir.path().join("part-0");
     std::fs::create_dir_all(&part)?;

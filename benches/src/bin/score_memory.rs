@@ -35,6 +35,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     let device = parse_device("cpu")?;
     device.seed(0);
     let path = concat!(

@@ -9,7 +9,6 @@
 //! `cargo run --release -p kd-benches --bin speculative -- --python <venv>/bin/python`
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -51,6 +50,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     kd_train::retain_freed_memory();
     let device = parse_device("cpu")?;
     device.seed(0);
@@ -176,7 +176,7 @@ fn main() -> Result<()> {
         1e3 * stats.target_seconds / stats.verify_steps.max(1) as f64
     );
     if let Some(py) = args.python {
-        let status = Command::new(py)
+        let status = kd_benches::python_command(py)
             .arg("benches/speculative_pytorch.py")
             .arg("--target")
             .arg(&tdir)
@@ -194,7 +194,6 @@ fn main() -> Result<()> {
                     .collect::<Vec<_>>()
                     .join(";"),
             ])
-            .env("OMP_WAIT_POLICY", "PASSIVE")
             .status()?;
         if !status.success() {
             bail!("the PyTorch script failed");

@@ -16,7 +16,6 @@
 //! shapes.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -175,6 +174,7 @@ impl DevicePeak {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    kd_benches::print_machine()?;
     if args.retain_freed_memory && !kd_train::retain_freed_memory() {
         bail!("--retain-freed-memory needs glibc");
     }
@@ -309,7 +309,7 @@ fn main() -> Result<()> {
                 // about 12 GB on each side of a 24 GB machine).
                 drop(model.take());
             }
-            let mut cmd = Command::new(py);
+            let mut cmd = kd_benches::python_command(py);
             if args.retain_freed_memory {
                 cmd.env("GLIBC_TUNABLES", RETAIN_TUNABLES);
             }
@@ -328,7 +328,6 @@ fn main() -> Result<()> {
                     "--steps",
                     &steps.to_string(),
                 ])
-                .env("OMP_WAIT_POLICY", "PASSIVE")
                 .status()?;
             if !status.success() {
                 bail!("the PyTorch script failed");

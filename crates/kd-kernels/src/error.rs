@@ -51,4 +51,12 @@ pub enum KernelError {
         /// Columns of the right operand.
         rhs_cols: usize,
     },
+    /// An instruction-set level that is not one of the known names.
+    #[error(
+        "`KD_SIMD={value}` is not an instruction-set level: use scalar, avx2, avx512 or native (or unset it)"
+    )]
+    SimdLevel {
+        /// The value given.
+        value: String,
+    },
 }

@@ -205,6 +205,20 @@ pub fn matmul(
     alpha: f32,
     threads: Threads,
 ) -> Result<(), KernelError> {
+    matmul_at(crate::cpu::level(), dst, lhs, rhs, write, alpha, threads)
+}
+
+/// [`matmul`] on the microkernels of `level` (lowered to what this CPU runs) rather than of
+/// [`cpu::level()`](crate::cpu::level): for comparing levels in one process.
+pub fn matmul_at(
+    level: crate::cpu::SimdLevel,
+    dst: MatMut<'_>,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    write: Write,
+    alpha: f32,
+    threads: Threads,
+) -> Result<(), KernelError> {
     chain((dst.rows, dst.cols), &lhs, &rhs)?;
     let (m, n) = (dst.rows, dst.cols);
     if m == 0 || n == 0 {
@@ -215,7 +229,8 @@ pub fn matmul(
     // lies inside its slice, and that the destination's elements are distinct; `dst` is a
     // unique borrow, so it aliases neither operand; the shapes chain (checked above).
     unsafe {
-        raw(
+        raw_at(
+            level,
             (dst.data.as_mut_ptr(), dst.rs),
             accumulate,
             &lhs,
@@ -227,12 +242,22 @@ pub fn matmul(
     Ok(())
 }
 
-/// The `gemm` call: `dst (+)= alpha · lhs · rhs` with `dst` row-major at stride `dst.1`.
+/// The `gemm` call: `dst (+)= alpha · lhs · rhs` with `dst` row-major at stride `dst.1`, on
+/// the microkernels of `level` (lowered to what the CPU runs).
+///
+/// The `gemm` crate picks its microkernels once per process from the CPU's features (AVX-512
+/// when built with its `x86-v4` feature, as this workspace builds it); to honour a lower
+/// level, this calls its generic driver with that level's microkernels, exactly as its own
+/// dispatch does (`gemm_common::gemm::gemm_basic_generic` with `gemm_f32`'s tables and the
+/// same `a · b + c` scalar fallback), after the same orientation step as `gemm::gemm`: a
+/// row-major destination is computed as the transposed product (the microkernels prefer
+/// column-major output).
 ///
 /// # Safety
 /// `dst` must be valid for writes (and for reads when `accumulate`) of `lhs.rows` rows of
 /// `rhs.cols` values at its stride, alias neither operand, and the shapes must chain.
-unsafe fn raw(
+unsafe fn raw_at(
+    level: crate::cpu::SimdLevel,
     dst: (*mut f32, usize),
     accumulate: bool,
     lhs: &MatRef<'_>,
@@ -240,29 +265,108 @@ unsafe fn raw(
     alpha: f32,
     threads: Threads,
 ) {
+    use crate::cpu::SimdLevel;
     let (m, n, k) = (lhs.rows, rhs.cols, lhs.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let parallelism = threads.parallelism(m, n, k);
+    // gemm's convention: dst = alpha · dst + beta · lhs · rhs.
+    let (read, beta, alpha) = (accumulate, alpha, if accumulate { 1.0 } else { 0.0 });
+    // (pointer, column stride, row stride) of each operand.
+    let view = |v: &MatRef<'_>| (v.data.as_ptr(), v.cs as isize, v.rs as isize);
+    let (mm, nn, d, l, r) = if dst.1 > 1 {
+        // dstᵀ [n, m] = rhsᵀ · lhsᵀ (what gemm::gemm does for a row-major destination).
+        let t = |(p, cs, rs)| (p, rs, cs);
+        (n, m, (dst.0, dst.1 as isize, 1), t(view(rhs)), t(view(lhs)))
+    } else {
+        (m, n, (dst.0, 1, dst.1 as isize), view(lhs), view(rhs))
+    };
+    macro_rules! call {
+        ($simd:expr, $ukr:path, $n:expr) => {{
+            use $ukr as u;
+            // SAFETY: forwarded contract; the microkernel set matches `$simd`, which exists
+            // (its `try_new` succeeded, or it is the scalar one).
+            unsafe {
+                gemm_common::gemm::gemm_basic_generic::<
+                    _,
+                    f32,
+                    { $n },
+                    { u::MR_DIV_N * $n },
+                    { u::NR },
+                    { u::MR_DIV_N },
+                    { u::H_M },
+                    { u::H_N },
+                >(
+                    $simd,
+                    mm,
+                    nn,
+                    k,
+                    d.0,
+                    d.1,
+                    d.2,
+                    read,
+                    l.0,
+                    l.1,
+                    l.2,
+                    r.0,
+                    r.1,
+                    r.2,
+                    alpha,
+                    beta,
+                    false,
+                    false,
+                    false,
+                    |a, b, c| a * b + c,
+                    &u::UKR,
+                    &u::H_UKR,
+                    false,
+                    parallelism,
+                )
+            }
+        }};
+    }
+    #[cfg(target_arch = "x86_64")]
+    match level.min(crate::cpu::detected()) {
+        SimdLevel::Avx512 => {
+            if let Some(simd) = gemm_common::simd::V4::try_new() {
+                return call!(simd, gemm_f32::microkernel::avx512f::f32, 16);
+            }
+        }
+        SimdLevel::Avx2 => {
+            if let Some(simd) = gemm_common::simd::V3::try_new() {
+                return call!(simd, gemm_f32::microkernel::fma::f32, 8);
+            }
+        }
+        SimdLevel::Scalar => {
+            let scalar = gemm_common::simd::Scalar;
+            return call!(scalar, gemm_f32::microkernel::scalar::f32, 1);
+        }
+    }
+    let _ = level;
+    // Other architectures: the crate's own choice (NEON on aarch64).
     // SAFETY: forwarded contract; the operands' views were checked by their constructors.
     unsafe {
         gemm::gemm(
-            m,
-            n,
+            mm,
+            nn,
             k,
-            dst.0,
-            1,
-            dst.1 as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.data.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            if accumulate { 1.0 } else { 0.0 },
+            d.0,
+            d.1,
+            d.2,
+            read,
+            l.0,
+            l.1,
+            l.2,
+            r.0,
+            r.1,
+            r.2,
             alpha,
+            beta,
             false,
             false,
             false,
-            threads.parallelism(m, n, k),
+            parallelism,
         );
     }
 }
@@ -289,7 +393,15 @@ pub fn matmul_into(
     // before `set_len` exposes them. The operands were checked by their constructors and do
     // not alias `dst` (a unique borrow).
     unsafe {
-        raw((dst.as_mut_ptr(), n), false, &lhs, &rhs, alpha, threads);
+        raw_at(
+            crate::cpu::level(),
+            (dst.as_mut_ptr(), n),
+            false,
+            &lhs,
+            &rhs,
+            alpha,
+            threads,
+        );
         dst.set_len(len);
     }
     Ok(())
@@ -383,5 +495,61 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.to_string(), "cannot multiply [3, 4] · [3, 4] into [3, 4]");
+    }
+
+    #[test]
+    fn every_level_is_within_the_rounding_bound() {
+        // |ĉ − c| ≤ γ_n Σ|terms| with γ_n = n·u/(1 − n·u), u = 2⁻²⁴, for any summation order
+        // (Higham, Accuracy and Stability, §3.5); c in f64. Shapes cross the microkernels'
+        // edges and the k-blocking (kc ≥ 512), strided and transposed operands included.
+        let u = 2f64.powi(-24);
+        for level in crate::cpu::supported() {
+            for &(m, k, n) in &[
+                (1, 1, 1),
+                (5, 7, 3),
+                (33, 130, 17),
+                (64, 700, 96),
+                (3, 1500, 200),
+            ] {
+                let a: Vec<f32> = (0..m * k)
+                    .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+                    .collect();
+                let bt: Vec<f32> = (0..n * k)
+                    .map(|i| ((i * 104_729 % 997) as f32 - 498.0) / 89.0)
+                    .collect();
+                let mut c = vec![0.5f32; m * n];
+                matmul_at(
+                    level,
+                    MatMut::row_major(&mut c, m, n).unwrap(),
+                    MatRef::row_major(&a, m, k).unwrap(),
+                    MatRef::row_major(&bt, n, k).unwrap().t(),
+                    Write::Accumulate,
+                    0.75,
+                    Threads::All,
+                )
+                .unwrap();
+                // k products, the scaling by alpha and one addition per k-block into dst:
+                // counted as k + 4 terms of |alpha|·Σ|a||b| + |dst|.
+                let kk = (k + 4) as f64;
+                let gamma = kk * u / (1.0 - kk * u);
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for p in 0..k {
+                            let x = a[i * k + p] as f64 * bt[j * k + p] as f64;
+                            want += x;
+                            mag += x.abs();
+                        }
+                        let want = 0.5 + 0.75 * want;
+                        let got = c[i * n + j] as f64;
+                        let bound = gamma * (0.75 * mag + 0.5);
+                        assert!(
+                            (got - want).abs() <= bound,
+                            "{level} [{m}, {k}]·[{k}, {n}] at ({i}, {j}): {got} vs {want} (bound {bound:e})"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

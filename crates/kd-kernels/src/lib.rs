@@ -4,8 +4,10 @@
 //!   reductions with a fixed summation order;
 //! - [`gemm`](mod@gemm): a safe, slice-based wrapper of the `gemm` crate's matrix product
 //!   (every operand's extent is checked against its slice before any pointer is formed);
-//! - [`cpu`]: run-time CPU-feature detection and the [`dispatch!`] macro that compiles a
-//!   kernel body for AVX2/FMA and for the baseline target;
+//! - [`cpu`]: run-time CPU-feature detection, the instruction-set level in use
+//!   ([`cpu::level`], capped by `KD_SIMD`) and the [`dispatch!`] macro that compiles a
+//!   kernel body for AVX-512, AVX2/FMA and the baseline target;
+//! - [`testing`]: re-runs a test binary's kernel cases at every lower level;
 //! - [`f32_view`]: the f32 values of a CPU (`flex`) tensor, borrowed when contiguous;
 //! - [`write_atomic`]: the workspace's one atomic file write (temporary file, fsync, rename,
 //!   fsync of the directory);
@@ -37,6 +39,7 @@ mod fs;
 #[cfg(feature = "gemm")]
 pub mod gemm;
 pub mod math;
+pub mod testing;
 #[cfg(feature = "flex")]
 mod view;
 

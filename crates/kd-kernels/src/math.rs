@@ -222,4 +222,48 @@ mod tests {
         assert_eq!(max(&xs), 36.0);
         assert_eq!(max(&[]), f32::NEG_INFINITY);
     }
+
+    crate::dispatch! {
+        /// exp and ln of every value and their lane sums, as the kernels use them.
+        fn map_all(xs: &[f32], e: &mut [f32], l: &mut [f32]) -> (f32, f32, f32) {
+            for ((x, e), l) in xs.iter().zip(e.iter_mut()).zip(l.iter_mut()) {
+                *e = exp(*x);
+                *l = ln(x.abs());
+            }
+            (sum_map(xs, exp), sum_map2(xs, e, |x, e| x * e), max(l))
+        }
+    }
+
+    #[test]
+    fn every_level_gives_the_same_bits() {
+        // Plain `*`/`+` only: the AVX-512, AVX2 and baseline builds may widen the vectors
+        // but neither fuse nor reassociate, so each level must reproduce the scalar bits.
+        let xs: Vec<f32> = (0..4099)
+            .map(|i| ((i as f32) * 0.618_034).sin() * 80.0)
+            .collect();
+        let run = |level| {
+            let (mut e, mut l) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+            let sums = map_all(level, &xs, &mut e, &mut l);
+            (e, l, sums)
+        };
+        let (e0, l0, s0) = run(crate::cpu::SimdLevel::Scalar);
+        for (x, (e, l)) in xs.iter().zip(e0.iter().zip(&l0)) {
+            assert!(ulps(*e, (*x as f64).exp() as f32) <= 3, "exp({x})");
+            assert!(ulps(*l, (x.abs() as f64).ln() as f32) <= 3, "ln({x})");
+        }
+        for level in crate::cpu::supported() {
+            let (e, l, s) = run(level);
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same(&e, &e0) && same(&l, &l0),
+                "{level}: element bits differ"
+            );
+            assert_eq!(
+                (s.0.to_bits(), s.1.to_bits(), s.2.to_bits()),
+                (s0.0.to_bits(), s0.1.to_bits(), s0.2.to_bits()),
+                "{level}: reduction bits differ"
+            );
+        }
+    }
 }

@@ -52,3 +52,12 @@ pub use loss::{
     kd_loss_and_grad, kd_loss_with, mean_accepted_length,
 };
 pub use shift::{IGNORE_INDEX, NextTokenTargets, next_token_targets};
+
+/// The unit tests again at every lower instruction-set level (`KD_SIMD`), in child processes.
+#[cfg(test)]
+mod levels {
+    #[test]
+    fn unit_tests_pass_at_every_lower_level() {
+        kd_kernels::testing::assert_passes_at_lower_levels(&[], &["levels::"]);
+    }
+}

@@ -144,3 +144,12 @@ impl Llama {
         write_atomic(&dir.join("config.json"), text.as_bytes())
     }
 }
+
+/// The unit tests again at every lower instruction-set level (`KD_SIMD`), in child processes.
+#[cfg(test)]
+mod levels {
+    #[test]
+    fn unit_tests_pass_at_every_lower_level() {
+        kd_kernels::testing::assert_passes_at_lower_levels(&[], &["levels::"]);
+    }
+}

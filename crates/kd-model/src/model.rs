@@ -658,6 +658,15 @@ fn project(
         );
         return y.reshape([b, s, out]);
     }
+    if p.adapter.is_none()
+        && p.base.bias.is_none()
+        && !weight.is_require_grad()
+        && ops::applies(&flat.device(), flat.dtype())
+    {
+        // A frozen projection on the CPU: the same GEMM (and instruction-set level) as the
+        // adapted ones, so that a rank-0 or zero adapter changes no bit of the output.
+        return ops::fused_frozen_linear(flat, weight).reshape([b, s, out]);
+    }
     p.forward(flat, seed).reshape([b, s, out])
 }
 

@@ -166,7 +166,7 @@ impl PackedMatrix {
     pub fn matmul_t(&self, x: &[f32], n: usize) -> Vec<f32> {
         assert_eq!(x.len(), n * self.cols, "x must be [n, cols]");
         let row_bytes = self.row_bytes();
-        let simd = crate::skinny::has_avx2_fma();
+        let simd = crate::skinny::avx2();
         let starts: Vec<usize> = (0..self.rows).step_by(ROWS_PER_TASK).collect();
         let parts: Vec<Vec<f32>> = starts
             .par_iter()

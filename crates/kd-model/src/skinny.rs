@@ -9,6 +9,8 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, Flex, backend_extension};
 use burn::tensor::{DType, Tensor, TensorData};
 use burn_flex::FlexTensor;
+use kd_kernels::cpu::SimdLevel;
+use kd_kernels::f32_view;
 use rayon::prelude::*;
 
 /// At most this many rows take the skinny path.
@@ -136,21 +138,22 @@ fn par_column_blocks(
     out
 }
 
-/// Whether the AVX2/FMA kernels can run here.
-pub(crate) fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// `x [rows, k] · w` with `w [k, n]`, on host slices.
 pub fn skinny_matmul_host(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
-    let simd = has_avx2_fma();
+    skinny_matmul_host_at(avx2(), x, w, rows, k, n)
+}
+
+/// [`skinny_matmul_host`] on the AVX2/FMA kernels (`simd`, where the CPU has them) or the
+/// portable ones.
+fn skinny_matmul_host_at(
+    simd: bool,
+    x: &[f32],
+    w: &[f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
+    let simd = simd && kd_kernels::cpu::detected() >= SimdLevel::Avx2;
     par_column_blocks(rows, n, STRIP, |j0, nb, acc| {
         #[cfg(target_arch = "x86_64")]
         if simd {
@@ -261,7 +264,20 @@ fn dot_rows_avx2(x: &[f32], e: &[f32], k: usize, j0: usize, nb: usize, acc: &mut
 
 /// `x [rows, k] · eᵀ` with `e [n, k]`, on host slices.
 pub fn skinny_matmul_t_host(x: &[f32], e: &[f32], rows: usize, k: usize, n: usize) -> Vec<f32> {
-    let simd = has_avx2_fma();
+    skinny_matmul_t_host_at(avx2(), x, e, rows, k, n)
+}
+
+/// [`skinny_matmul_t_host`] on the AVX2/FMA kernels (`simd`, where the CPU has them) or the
+/// portable ones.
+fn skinny_matmul_t_host_at(
+    simd: bool,
+    x: &[f32],
+    e: &[f32],
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
+    let simd = simd && kd_kernels::cpu::detected() >= SimdLevel::Avx2;
     par_column_blocks(rows, n, BLOCK, |j0, nb, acc| {
         #[cfg(target_arch = "x86_64")]
         if simd {
@@ -274,19 +290,10 @@ pub fn skinny_matmul_t_host(x: &[f32], e: &[f32], rows: usize, k: usize, n: usiz
     })
 }
 
-fn f32_contiguous(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
-    let n = t.layout().num_elements();
-    if t.dtype() == DType::F32 && t.is_contiguous() && t.layout().start_offset() == 0 {
-        std::borrow::Cow::Borrowed(&t.storage::<f32>()[..n])
-    } else {
-        std::borrow::Cow::Owned(
-            t.clone()
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec_as::<f32>()
-                .expect("f32"),
-        )
-    }
+/// Whether the AVX2/FMA kernels run at the level in use (`kd_kernels::cpu::level`, which
+/// `KD_SIMD` may cap).
+pub(crate) fn avx2() -> bool {
+    kd_kernels::cpu::level() >= SimdLevel::Avx2
 }
 
 impl SkinnyMatmulBackend for Flex {
@@ -294,7 +301,7 @@ impl SkinnyMatmulBackend for Flex {
         let xs = x.layout().shape().to_vec();
         let es = e.layout().shape().to_vec();
         let (rows, k, n) = (xs[0], xs[1], es[0]);
-        let out = skinny_matmul_t_host(&f32_contiguous(&x), &f32_contiguous(&e), rows, k, n);
+        let out = skinny_matmul_t_host(&f32_view(&x), &f32_view(&e), rows, k, n);
         FlexTensor::from_data(TensorData::new(out, [rows, n]))
     }
 
@@ -302,16 +309,18 @@ impl SkinnyMatmulBackend for Flex {
         let xs = x.layout().shape().to_vec();
         let ws = w.layout().shape().to_vec();
         let (rows, k, n) = (xs[0], xs[1], ws[1]);
-        let out = skinny_matmul_host(&f32_contiguous(&x), &f32_contiguous(&w), rows, k, n);
+        let out = skinny_matmul_host(&f32_view(&x), &f32_view(&w), rows, k, n);
         FlexTensor::from_data(TensorData::new(out, [rows, n]))
     }
 }
 
 /// Whether `x · w` should take the skinny path: few rows, plain (non-autodiff) f32 tensors on
-/// the CPU backend, and a contiguous weight.
+/// the CPU backend, and SIMD kernels at the level in use. Without them (other architectures,
+/// or `KD_SIMD=scalar`) the general GEMM is faster than a scalar FMA chain per output.
 pub fn applies(x: &Tensor<2>, w: &Tensor<2>) -> bool {
     let [rows, _] = x.dims();
     rows <= MAX_ROWS
+        && avx2()
         && !x.is_autodiff()
         && !w.is_autodiff()
         && x.dtype() == DType::F32
@@ -344,56 +353,84 @@ mod tests {
     use super::*;
 
     #[test]
-    fn equals_plain_matmul() {
-        let device = burn::tensor::Device::flex();
-        for (rows, k, n) in [
-            (1, 5, 7),
-            (8, 64, 1000),
-            (3, 33, 513),
-            (9, 40, 200),
-            (5, 16, 64),
-        ] {
-            let x = Tensor::<2>::random(
-                [rows, k],
-                burn::tensor::Distribution::Normal(0.0, 1.0),
-                &device,
-            );
-            let w = Tensor::<2>::random(
-                [k, n],
-                burn::tensor::Distribution::Normal(0.0, 1.0),
-                &device,
-            );
-            let b: Vec<f32> = x
-                .clone()
-                .matmul(w.clone())
-                .into_data()
-                .try_into_vec_as()
-                .unwrap();
-            let e = Tensor::<2>::from_data(w.clone().transpose().into_data(), &device);
-            let c: Vec<f32> = skinny_matmul_t(x.clone(), e)
-                .into_data()
-                .try_into_vec_as()
-                .unwrap();
-            let d = c
-                .iter()
-                .zip(&b)
-                .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-            assert!(d < 1e-4, "transposed [{rows}, {k}, {n}]: {d}");
-            let c: Vec<f32> = skinny_matmul(x.clone(), w.clone())
-                .into_data()
-                .try_into_vec_as()
-                .unwrap();
-            let d = c
-                .iter()
-                .zip(&b)
-                .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-            assert!(d < 1e-4, "[{rows}, {k}, {n}]: {d}");
-            // A row computes the same bits alone as in the batch.
-            let first: Vec<f32> = skinny_matmul(x.clone().slice([0..1, 0..k]), w)
-                .into_data()
-                .try_into_vec_as()
-                .unwrap();
-            assert_eq!(first, c[..n].to_vec(), "[{rows}, {k}, {n}] row 0 alone");
+    fn within_the_rounding_bound_at_every_level() {
+        // |ĉ − c| ≤ γ_k Σ|x||w|, γ_k = k·u/(1 − k·u), u = 2⁻²⁴ (any summation order), c in
+        // f64; and a row gives the same bits alone as in its batch.
+        let u = 2f64.powi(-24);
+        let levels: Vec<bool> = [false, true]
+            .into_iter()
+            .filter(|&simd| !simd || kd_kernels::cpu::detected() >= SimdLevel::Avx2)
+            .collect();
+        for simd in levels {
+            for (rows, k, n) in [
+                (1, 5, 7),
+                (8, 64, 1000),
+                (3, 33, 513),
+                (9, 40, 200),
+                (5, 16, 64),
+            ] {
+                let x: Vec<f32> = (0..rows * k)
+                    .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+                    .collect();
+                let w: Vec<f32> = (0..k * n)
+                    .map(|i| ((i * 104_729 % 997) as f32 - 498.0) / 89.0)
+                    .collect();
+                let wt: Vec<f32> = (0..n * k).map(|i| w[(i % k) * n + i / k]).collect();
+                let a = skinny_matmul_host_at(simd, &x, &w, rows, k, n);
+                let b = skinny_matmul_t_host_at(simd, &x, &wt, rows, k, n);
+                let gamma = k as f64 * u / (1.0 - k as f64 * u);
+                for r in 0..rows {
+                    for j in 0..n {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for i in 0..k {
+                            let p = x[r * k + i] as f64 * w[i * n + j] as f64;
+                            want += p;
+                            mag += p.abs();
+                        }
+                        for (what, got) in [("x·w", a[r * n + j]), ("x·eᵀ", b[r * n + j])] {
+                            assert!(
+                                (got as f64 - want).abs() <= gamma * mag,
+                                "simd {simd} {what} [{rows}, {k}, {n}] at ({r}, {j}): {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+                let first = skinny_matmul_host_at(simd, &x[..k], &w, 1, k, n);
+                assert_eq!(first, a[..n].to_vec(), "[{rows}, {k}, {n}] row 0 alone");
+                let first = skinny_matmul_t_host_at(simd, &x[..k], &wt, 1, k, n);
+                assert_eq!(
+                    first,
+                    b[..n].to_vec(),
+                    "[{rows}, {k}, {n}] transposed row 0 alone"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn the_extension_equals_the_host_kernels() {
+        let device = burn::tensor::Device::flex();
+        let (rows, k, n) = (3, 33, 513);
+        let x = Tensor::<2>::random(
+            [rows, k],
+            burn::tensor::Distribution::Normal(0.0, 1.0),
+            &device,
+        );
+        let w = Tensor::<2>::random(
+            [k, n],
+            burn::tensor::Distribution::Normal(0.0, 1.0),
+            &device,
+        );
+        let host = |t: &Tensor<2>| -> Vec<f32> { t.clone().into_data().try_into_vec_as().unwrap() };
+        let (xs, ws) = (host(&x), host(&w));
+        let e = Tensor::<2>::from_data(w.clone().transpose().into_data(), &device);
+        assert_eq!(
+            host(&skinny_matmul(x.clone(), w)),
+            skinny_matmul_host(&xs, &ws, rows, k, n)
+        );
+        assert_eq!(
+            host(&skinny_matmul_t(x, e.clone())),
+            skinny_matmul_t_host(&xs, &host(&e), rows, k, n)
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! Host kernels: whole batches of rows, in parallel (rayon), with an AVX2 build of the row
-//! kernels chosen at run time.
+//! Host kernels: whole batches of rows, in parallel (rayon), with AVX-512, AVX2 and baseline
+//! builds of the row kernels chosen at run time (`kd_kernels::cpu::level`).
 
 pub use kd_kernels::math;
 pub mod row;
@@ -74,17 +74,18 @@ impl BatchStats {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn kd_row_avx2(
-    p: &KdParams,
-    s: &[f32],
-    t: TeacherRow<'_>,
-    scratch: &mut Scratch,
-    g: Option<&mut [f32]>,
-    scale: f32,
-) -> RowStats {
-    row::kd_row(p, s, t, scratch, g, scale)
+kd_kernels::dispatch! {
+    /// [`row::kd_row`] built for `level`.
+    fn kd_row_at(
+        p: &KdParams,
+        s: &[f32],
+        t: TeacherRow<'_>,
+        scratch: &mut Scratch,
+        g: Option<&mut [f32]>,
+        scale: f32,
+    ) -> RowStats {
+        row::kd_row(p, s, t, scratch, g, scale)
+    }
 }
 
 pub(crate) fn kd_row(
@@ -95,42 +96,29 @@ pub(crate) fn kd_row(
     g: Option<&mut [f32]>,
     scale: f32,
 ) -> RowStats {
-    #[cfg(target_arch = "x86_64")]
-    if kd_kernels::cpu::simd() {
-        // SAFETY: the CPU supports the features the function was compiled for.
-        return unsafe { kd_row_avx2(p, s, t, scratch, g, scale) };
-    }
-    row::kd_row(p, s, t, scratch, g, scale)
+    kd_row_at(kd_kernels::cpu::level(), p, s, t, scratch, g, scale)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn ce_row_avx2(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> Option<f32> {
-    row::ce_row(z, target, g, scale)
+kd_kernels::dispatch! {
+    /// [`row::ce_row`] built for `level`.
+    fn ce_row_at(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> Option<f32> {
+        row::ce_row(z, target, g, scale)
+    }
 }
 
 pub(crate) fn ce_row(z: &[f32], target: usize, g: Option<&mut [f32]>, scale: f32) -> Option<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if kd_kernels::cpu::simd() {
-        // SAFETY: the CPU supports the features the function was compiled for.
-        return unsafe { ce_row_avx2(z, target, g, scale) };
-    }
-    row::ce_row(z, target, g, scale)
+    ce_row_at(kd_kernels::cpu::level(), z, target, g, scale)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn ce_row_in_place_avx2(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
-    row::ce_row_in_place(z, target, scale)
+kd_kernels::dispatch! {
+    /// [`row::ce_row_in_place`] built for `level`.
+    fn ce_row_in_place_at(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
+        row::ce_row_in_place(z, target, scale)
+    }
 }
 
 pub(crate) fn ce_row_in_place(z: &mut [f32], target: usize, scale: f32) -> Option<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if kd_kernels::cpu::simd() {
-        // SAFETY: the CPU supports the features the function was compiled for.
-        return unsafe { ce_row_in_place_avx2(z, target, scale) };
-    }
-    row::ce_row_in_place(z, target, scale)
+    ce_row_in_place_at(kd_kernels::cpu::level(), z, target, scale)
 }
 
 /// KD over a batch of rows. Rows with `mask[r] == false` contribute nothing (their gradient

@@ -3,5 +3,6 @@
 mod util;
 
 mod golden;
+mod levels;
 mod linear;
 mod properties;

@@ -273,7 +273,7 @@ pub(crate) fn forward(
     let AttnDims { b, h, kv, s, t, d } = n;
     let (mask, spans, scale) = (&job.mask, &job.spans, job.scale);
     let groups = h / kv;
-    let simd = kd_kernels::cpu::simd();
+    let simd = kd_kernels::cpu::level();
     let mut out = vec![0f32; b * h * s * d];
     let mut lse = vec![f32::NEG_INFINITY; b * h * s];
     if out.is_empty() || t * d == 0 {
@@ -361,7 +361,7 @@ pub(crate) fn backward(
     let AttnDims { b, h, kv, s, t, d } = n;
     let (mask, spans, scale) = (&job.mask, &job.spans, job.scale);
     let groups = h / kv;
-    let simd = kd_kernels::cpu::simd();
+    let simd = kd_kernels::cpu::level();
     let mut dq = vec![0f32; b * h * s * d];
     let mut dk = vec![0f32; b * kv * t * d];
     let mut dv = vec![0f32; b * kv * t * d];

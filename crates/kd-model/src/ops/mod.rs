@@ -168,6 +168,19 @@ pub fn fused_lora_linear(
     ))
 }
 
+/// `x [n, in] · W [in, out]` with `W` frozen through the fused kernels: the LoRA projection
+/// with a rank-0 adapter (empty `A`, `B`), so that frozen projections take the workspace's
+/// GEMM at the instruction-set level in use (`kd_kernels::cpu::level`), as adapted ones do.
+/// `W` must not require gradients; `x` may (its gradient is `g · Wᵀ`).
+pub fn fused_frozen_linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    let [din, dout] = w.dims();
+    let device = x.device();
+    let empty = |shape: [usize; 2]| {
+        Tensor::<2>::from_data(TensorData::new(Vec::<f32>::new(), shape), &device)
+    };
+    fused_lora_linear(x, w, empty([din, 0]), empty([0, dout]), 0.0, None)
+}
+
 /// RMSNorm over the last axis (`burn::nn::RmsNorm`'s arithmetic) through the fused kernels.
 pub fn fused_rms_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f64) -> Tensor<D> {
     Tensor::from_dispatch(<burn::backend::Dispatch as TrainOpsBackend>::rms_norm(

@@ -91,7 +91,7 @@ pub(crate) fn flex_forward(x: FlexTensor, gamma: FlexTensor, eps: f32) -> FlexTe
     check_norm(&dims, &gamma, None);
     let (x, gamma) = (f32_view(&x), f32_view(&gamma));
     let d = gamma.len();
-    let simd = kd_kernels::cpu::simd();
+    let simd = kd_kernels::cpu::level();
     let mut y = vec![0f32; x.len()];
     y.par_chunks_mut(NORM_ROWS * d)
         .zip(x.par_chunks(NORM_ROWS * d))
@@ -110,7 +110,7 @@ pub(crate) fn flex_backward(
     check_norm(&dims, &gamma, Some(&dout));
     let (x, gamma, dy) = (f32_view(&x), f32_view(&gamma), f32_view(&dout));
     let d = gamma.len();
-    let simd = kd_kernels::cpu::simd();
+    let simd = kd_kernels::cpu::level();
     let mut dx = vec![0f32; x.len()];
     let partials: Vec<Vec<f32>> = dx
         .par_chunks_mut(NORM_ROWS * d)

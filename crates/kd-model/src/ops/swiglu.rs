@@ -43,7 +43,7 @@ dispatch! {
 }
 
 fn swiglu_forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    let simd = kd_kernels::cpu::simd();
+    let simd = kd_kernels::cpu::level();
     let mut out = vec![0f32; gate.len()];
     out.par_chunks_mut(SWIGLU_CHUNK)
         .zip(gate.par_chunks(SWIGLU_CHUNK))
@@ -53,7 +53,7 @@ fn swiglu_forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
 }
 
 fn swiglu_grads(gate: &[f32], up: &[f32], dout: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let simd = kd_kernels::cpu::simd();
+    let simd = kd_kernels::cpu::level();
     let mut dg = vec![0f32; gate.len()];
     let mut du = vec![0f32; gate.len()];
     dg.par_chunks_mut(SWIGLU_CHUNK)

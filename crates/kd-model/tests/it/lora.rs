@@ -18,6 +18,7 @@ fn adapter_dir(name: &str) -> std::path::PathBuf {
 fn peft_written_adapters_give_peft_logits() {
     let g = golden("tiny-llama3");
     let peft = golden("tiny-llama3-peft");
+    let reference = Reference::load("tiny-llama3-peft");
     for (dir, key, batches) in [
         ("peft-r4", "", &["right", "left"][..]),
         ("peft-rslora-r2", "rslora.", &["right"][..]),
@@ -27,14 +28,13 @@ fn peft_written_adapters_give_peft_logits() {
         for b in batches {
             let batch = golden_batch(&g, b);
             let logits = to_vec(model.logits(&batch).unwrap());
-            let d = max_diff_masked(
-                &logits,
-                &peft[&format!("{key}{b}.logits")].f32,
-                batch.mask(),
-                256,
+            let key = format!("{key}{b}.logits");
+            reference.check(&format!("{dir} {key}"), &key, &logits, Some(batch.mask()));
+            assert_eq!(
+                argmaxes_masked(&logits, batch.mask(), 256),
+                argmaxes_masked(&peft[&key].f32, batch.mask(), 256),
+                "{dir} {key}: argmax"
             );
-            eprintln!("{dir} {b}: max |Δlogits| vs PEFT = {d:.2e}");
-            assert!(d <= 1e-4, "{dir} {b}: {d}");
         }
     }
 }
@@ -56,14 +56,12 @@ fn merge_equals_adapter_and_exports_a_loadable_model() {
         256,
     );
     assert!(d <= 1e-5, "merged vs adapter: {d}");
-    let peft = golden("tiny-llama3-peft");
-    let d = max_diff_masked(
+    Reference::load("tiny-llama3-peft").check(
+        "vs PEFT's merge_and_unload",
+        "merged.right.logits",
         &with_adapter,
-        &peft["merged.right.logits"].f32,
-        batch.mask(),
-        256,
+        Some(batch.mask()),
     );
-    assert!(d <= 1e-4, "vs PEFT's merge_and_unload: {d}");
 
     let tmp = tempfile::tempdir().unwrap();
     let tok = fixtures().join("llama3-tokenizer");

@@ -6,6 +6,7 @@ mod util;
 mod autodiff;
 mod generation;
 mod gguf;
+mod levels;
 mod lora;
 mod ops;
 mod parity;

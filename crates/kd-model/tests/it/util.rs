@@ -32,10 +32,15 @@ pub struct Golden {
 }
 
 pub fn golden(name: &str) -> HashMap<String, Golden> {
-    let path = fixtures()
-        .join("golden")
-        .join(format!("{name}.safetensors"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    read_safetensors(
+        &fixtures()
+            .join("golden")
+            .join(format!("{name}.safetensors")),
+    )
+}
+
+fn read_safetensors(path: &std::path::Path) -> HashMap<String, Golden> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let st = SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
         .into_iter()
@@ -109,4 +114,109 @@ pub fn max_diff_masked(a: &[f32], b: &[f32], mask: &[bool], width: usize) -> f32
         }
     }
     worst
+}
+
+/// The argmax of each row of `width` values (first of equal maxima) where `mask` is set.
+pub fn argmaxes_masked(values: &[f32], mask: &[bool], width: usize) -> Vec<usize> {
+    values
+        .chunks_exact(width)
+        .zip(mask)
+        .filter(|(_, m)| **m)
+        .map(|(row, _)| {
+            row.iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, v)| if *v > b.1 { (i, *v) } else { b },
+                )
+                .0
+        })
+        .collect()
+}
+
+/// The float64 reference of a golden and the measured float32 spread behind each bound
+/// (`fixtures/make_reference_spread.py`, outputs in `fixtures/golden/spread/`).
+///
+/// A test compares our f32 output with the float64 result and asserts
+/// `max |ours − ref_f64| ≤ 3 · spread`, `spread = max(f32_vs_f64, committed_vs_f64)`:
+/// transformers' own float32 distance from the exact result, measured on two CPUs (the one
+/// that made the golden and the one that ran the spread script). Summation order, which
+/// differs between CPUs and implementations, moves a float32 result by about one spread; the
+/// scalar level (no FMA) by up to twice that (measured worst ratios: 1.62 with FMA, 1.89
+/// without; the script's docstring has the derivation). A wrong kernel moves it by orders of
+/// magnitude more.
+pub struct Reference {
+    name: String,
+    tensors: HashMap<String, Golden>,
+    keys: serde_json::Value,
+}
+
+/// How many times the reference's own float32 spread our result may be from float64.
+pub const SPREAD_FACTOR: f32 = 3.0;
+
+impl Reference {
+    /// `fixtures/golden/spread/<name>.{json,safetensors}`.
+    pub fn load(name: &str) -> Self {
+        let dir = fixtures().join("golden/spread");
+        let json = dir.join(format!("{name}.json"));
+        let text =
+            std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{}: {e}", json.display()));
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        Self {
+            name: name.to_string(),
+            tensors: read_safetensors(&dir.join(format!("{name}.safetensors"))),
+            keys: doc["keys"].clone(),
+        }
+    }
+
+    /// The float64 result of `key`, rounded to f32.
+    pub fn f64(&self, key: &str) -> &[f32] {
+        &self
+            .tensors
+            .get(key)
+            .unwrap_or_else(|| panic!("{}: no reference for {key}", self.name))
+            .f32
+    }
+
+    /// The measured spread of `key`: the larger of the two float32 errors.
+    pub fn spread(&self, key: &str) -> f32 {
+        let e = &self.keys[key];
+        let f = |k: &str| {
+            e[k].as_f64()
+                .unwrap_or_else(|| panic!("{}: {key} has no {k}", self.name))
+        };
+        f("f32_vs_f64").max(f("committed_vs_f64")) as f32
+    }
+
+    /// `SPREAD_FACTOR · spread(key)`.
+    pub fn bound(&self, key: &str) -> f32 {
+        SPREAD_FACTOR * self.spread(key)
+    }
+
+    /// Asserts `max |ours − ref_f64(key)| ≤ bound(key)` over the masked positions (`mask`
+    /// per position of `width` values; `None`: every value). Returns the distance.
+    pub fn check(&self, what: &str, key: &str, ours: &[f32], mask: Option<&[bool]>) -> f32 {
+        let want = self.f64(key);
+        let d = match mask {
+            Some(m) => max_diff_masked(ours, want, m, ours.len() / m.len().max(1)),
+            None => {
+                assert_eq!(ours.len(), want.len(), "{what}: lengths differ");
+                ours.iter().zip(want).fold(0f32, |w, (a, b)| {
+                    assert!(a.is_finite(), "{what}: non-finite value {a}");
+                    w.max((a - b).abs())
+                })
+            }
+        };
+        let spread = self.spread(key);
+        eprintln!(
+            "{what}: max |ours − float64| {d:.3e}, transformers' float32 spread {spread:.3e} ({:.2}×)",
+            d / spread.max(f32::MIN_POSITIVE)
+        );
+        assert!(
+            d <= SPREAD_FACTOR * spread,
+            "{what}: max |ours − float64| = {d:e} exceeds {SPREAD_FACTOR} × the reference's float32 spread {spread:e} ({}: {key})",
+            self.name
+        );
+        d
+    }
 }

@@ -646,13 +646,24 @@ fn a_pipeline_checkpoint_loads_in_peft_as_it_loads_here() {
         let v = merged.config().vocab_size;
         let last = &logits[(ids.len() - 1) * v..];
         let want: Vec<f32> = serde_json::from_value(case["last_logits"].clone()).unwrap();
+        let argmax = |r: &[f32]| {
+            r.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(j, _)| j)
+        };
+        assert_eq!(argmax(last), argmax(&want), "case {i}: argmax");
+        // Within three times transformers' own float32 spread of the float64 result
+        // (fixtures/make_reference_spread.py derives the factor).
+        let key = format!("case.{i}.last_logits");
+        let (f64_logits, spread) = reference_f64("speculator-checkpoint-peft", &key);
         let d = last
             .iter()
-            .zip(&want)
+            .zip(&f64_logits)
             .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(
-            d <= 1e-4,
-            "case {i}: logits vs PEFT's merged model: max |Δ| = {d}"
+            d <= 3.0 * spread,
+            "case {i}: logits vs PEFT's merged model in float64: max |Δ| = {d}, spread {spread}"
         );
         let new = merged
             .generate(
@@ -663,4 +674,28 @@ fn a_pipeline_checkpoint_loads_in_peft_as_it_loads_here() {
         let want: Vec<u32> = serde_json::from_value(case["greedy_new_ids"].clone()).unwrap();
         assert_eq!(new[0].ids, want, "case {i}: greedy continuation");
     }
+}
+
+/// The float64 reference of `key` in `fixtures/golden/spread/<name>` and its measured float32
+/// spread: the larger of transformers' float32 distances from it on the two CPUs measured.
+fn reference_f64(name: &str, key: &str) -> (Vec<f32>, f32) {
+    let dir = fixtures().join("golden/spread");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
+            .unwrap();
+    let e = &doc["keys"][key];
+    let spread = e["f32_vs_f64"]
+        .as_f64()
+        .unwrap()
+        .max(e["committed_vs_f64"].as_f64().unwrap()) as f32;
+    let bytes = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let values = st
+        .tensor(key)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (values, spread)
 }
