@@ -101,6 +101,17 @@ impl<'a> MatRef<'a> {
     pub fn shape(&self) -> (usize, usize) {
         (self.rows, self.cols)
     }
+
+    /// Columns `c0..c1` (`c0 ≤ c1 ≤ cols`): a view inside this one, so it needs no check.
+    fn columns(&self, c0: usize, c1: usize) -> Self {
+        debug_assert!(c0 <= c1 && c1 <= self.cols);
+        let start = if c0 == c1 { 0 } else { c0 * self.cs };
+        Self {
+            data: &self.data[start.min(self.data.len())..],
+            cols: c1 - c0,
+            ..*self
+        }
+    }
 }
 
 /// A writable `rows × cols` matrix of contiguous rows inside a slice: element `(i, j)` is
@@ -224,6 +235,10 @@ pub fn matmul_at(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    if let Some(parts) = k_parts(m, n, lhs.cols, threads) {
+        k_split(level, dst, lhs, rhs, write, alpha, parts);
+        return Ok(());
+    }
     let accumulate = write == Write::Accumulate;
     // SAFETY: the constructors checked that every (i, j) of each view, under its strides,
     // lies inside its slice, and that the destination's elements are distinct; `dst` is a
@@ -240,6 +255,75 @@ pub fn matmul_at(
         )
     };
     Ok(())
+}
+
+/// Products whose inner dimension dwarfs the output (`k ≥ 16384` and `k ≥ 8 · max(m, n)`:
+/// the LM head's `dh = dlogits · W` over the vocabulary) split `k` into parts computed side by
+/// side: the GEMM's own threading splits the output and synchronises its threads once per
+/// k-block, hundreds of times over such a `k`; independent parts do not (measured with
+/// `benches/src/bin/gemm.rs`). The number of parts depends on the shape only (about 32768
+/// of `k` each, 2 to 16), never on the thread count, so the sums are the same on every machine.
+fn k_parts(m: usize, n: usize, k: usize, threads: Threads) -> Option<usize> {
+    (threads != Threads::One && k >= 16_384 && k >= 8 * m.max(n))
+        .then(|| k.div_ceil(32_768).clamp(2, 16))
+}
+
+/// [`matmul_at`] as `parts` products over consecutive ranges of `k`, each into its own buffer
+/// (in parallel, each on one thread when there are at least as many parts as threads), then
+/// `dst (+)= alpha · Σ parts` summed in part order.
+fn k_split(
+    level: crate::cpu::SimdLevel,
+    dst: MatMut<'_>,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    write: Write,
+    alpha: f32,
+    parts: usize,
+) {
+    use rayon::prelude::*;
+    let (m, n, k) = (dst.rows, dst.cols, lhs.cols);
+    let inner = if parts >= rayon::current_num_threads() {
+        Threads::One
+    } else {
+        Threads::All
+    };
+    let bounds: Vec<(usize, usize)> = (0..parts)
+        .map(|p| (p * k / parts, (p + 1) * k / parts))
+        .collect();
+    let partial: Vec<Vec<f32>> = bounds
+        .par_iter()
+        .map(|&(k0, k1)| {
+            let mut out = Vec::new();
+            matmul_into_at(
+                level,
+                &mut out,
+                lhs.columns(k0, k1),
+                rhs.t().columns(k0, k1).t(),
+                1.0,
+                inner,
+            )
+            .expect("parts of a product whose shapes chain");
+            out
+        })
+        .collect();
+    let (rs, accumulate) = (dst.rs, write == Write::Accumulate);
+    dst.data
+        .par_chunks_mut(rs)
+        .take(m)
+        .enumerate()
+        .for_each(|(i, row)| {
+            for (j, d) in row[..n].iter_mut().enumerate() {
+                let mut sum = 0f32;
+                for part in &partial {
+                    sum += part[i * n + j];
+                }
+                *d = if accumulate {
+                    *d + alpha * sum
+                } else {
+                    alpha * sum
+                };
+            }
+        });
 }
 
 /// The `gemm` call: `dst (+)= alpha · lhs · rhs` with `dst` row-major at stride `dst.1`, on
@@ -380,6 +464,18 @@ pub fn matmul_into(
     alpha: f32,
     threads: Threads,
 ) -> Result<(), KernelError> {
+    matmul_into_at(crate::cpu::level(), dst, lhs, rhs, alpha, threads)
+}
+
+/// [`matmul_into`] on the microkernels of `level`.
+pub fn matmul_into_at(
+    level: crate::cpu::SimdLevel,
+    dst: &mut Vec<f32>,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    alpha: f32,
+    threads: Threads,
+) -> Result<(), KernelError> {
     let (m, n) = (lhs.rows, rhs.cols);
     chain((m, n), &lhs, &rhs)?;
     dst.clear();
@@ -388,13 +484,25 @@ pub fn matmul_into(
     if len == 0 {
         return Ok(());
     }
+    if k_parts(m, n, lhs.cols, threads).is_some() {
+        dst.resize(len, 0.0);
+        return matmul_at(
+            level,
+            MatMut::row_major(dst, m, n)?,
+            lhs,
+            rhs,
+            Write::Overwrite,
+            alpha,
+            threads,
+        );
+    }
     // SAFETY: `dst` has capacity for m × n values, written row-major with row stride n; the
     // product does not read the destination (`accumulate` false) and writes every element
     // before `set_len` exposes them. The operands were checked by their constructors and do
     // not alias `dst` (a unique borrow).
     unsafe {
         raw_at(
-            crate::cpu::level(),
+            level,
             (dst.as_mut_ptr(), n),
             false,
             &lhs,
@@ -510,6 +618,7 @@ mod tests {
                 (33, 130, 17),
                 (64, 700, 96),
                 (3, 1500, 200),
+                (5, 40_000, 7),
             ] {
                 let a: Vec<f32> = (0..m * k)
                     .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
@@ -528,9 +637,10 @@ mod tests {
                     Threads::All,
                 )
                 .unwrap();
-                // k products, the scaling by alpha and one addition per k-block into dst:
-                // counted as k + 4 terms of |alpha|·Σ|a||b| + |dst|.
-                let kk = (k + 4) as f64;
+                // k products, the scaling by alpha, one addition per k-block into dst and,
+                // for a long k (the last shape), the sum of up to 16 parts: counted as
+                // k + 20 terms of |alpha|·Σ|a||b| + |dst|.
+                let kk = (k + 20) as f64;
                 let gamma = kk * u / (1.0 - kk * u);
                 for i in 0..m {
                     for j in 0..n {

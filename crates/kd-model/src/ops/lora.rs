@@ -14,7 +14,7 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use kd_kernels::f32_view;
-use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul};
+use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul, matmul_into};
 use rayon::prelude::*;
 
 use super::{AdTensor, TrainOpsBackend, flex, shape};
@@ -69,29 +69,13 @@ fn forward(
     scale: f32,
     dropout: Option<LoraDropout>,
 ) -> Vec<f32> {
-    let mut y = vec![0f32; n * dout];
-    let mut t = vec![0f32; n * r];
+    // Outputs written whole by their first product: no zeroing pass.
+    let (mut y, mut t) = (Vec::new(), Vec::new());
     let xm = dropped(x, dropout);
     let xa = xm.as_deref().unwrap_or(x);
     let m = |data, rows, cols| MatRef::row_major(data, rows, cols).expect(GEMM);
-    matmul(
-        MatMut::row_major(&mut y, n, dout).expect(GEMM),
-        m(x, n, din),
-        m(w, din, dout),
-        Write::Overwrite,
-        1.0,
-        Threads::Auto,
-    )
-    .expect(GEMM);
-    matmul(
-        MatMut::row_major(&mut t, n, r).expect(GEMM),
-        m(xa, n, din),
-        m(a, din, r),
-        Write::Overwrite,
-        1.0,
-        Threads::Auto,
-    )
-    .expect(GEMM);
+    matmul_into(&mut y, m(x, n, din), m(w, din, dout), 1.0, Threads::Auto).expect(GEMM);
+    matmul_into(&mut t, m(xa, n, din), m(a, din, r), 1.0, Threads::Auto).expect(GEMM);
     matmul(
         MatMut::row_major(&mut y, n, dout).expect(GEMM),
         m(&t, n, r),
@@ -119,52 +103,34 @@ fn grads(
     let xm = dropped(x, dropout);
     let xa = xm.as_deref().unwrap_or(x);
     let m = |data, rows, cols| MatRef::row_major(data, rows, cols).expect(GEMM);
-    let mut t = vec![0f32; n * r];
-    let mut u = vec![0f32; n * r];
-    let mut da = vec![0f32; din * r];
-    let mut db = vec![0f32; r * dout];
+    let (mut t, mut u, mut da, mut db) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // t = dropout(x) · A (recomputed: cheaper than keeping it), u = g · Bᵀ
-    for (dst, lhs, rhs) in [
-        (&mut t, m(xa, n, din), m(a, din, r)),
-        (&mut u, m(g, n, dout), m(b, r, dout).t()),
-    ] {
-        matmul(
-            MatMut::row_major(dst, n, r).expect(GEMM),
-            lhs,
-            rhs,
-            Write::Overwrite,
-            1.0,
-            Threads::Auto,
-        )
-        .expect(GEMM);
-    }
+    matmul_into(&mut t, m(xa, n, din), m(a, din, r), 1.0, Threads::Auto).expect(GEMM);
+    matmul_into(&mut u, m(g, n, dout), m(b, r, dout).t(), 1.0, Threads::Auto).expect(GEMM);
     // dA = scale · dropout(x)ᵀ · u, dB = scale · tᵀ · g
-    matmul(
-        MatMut::row_major(&mut da, din, r).expect(GEMM),
+    matmul_into(
+        &mut da,
         m(xa, n, din).t(),
         m(&u, n, r),
-        Write::Overwrite,
         scale,
         Threads::Auto,
     )
     .expect(GEMM);
-    matmul(
-        MatMut::row_major(&mut db, r, dout).expect(GEMM),
+    matmul_into(
+        &mut db,
         m(&t, n, r).t(),
         m(g, n, dout),
-        Write::Overwrite,
         scale,
         Threads::Auto,
     )
     .expect(GEMM);
     let dx = want_dx.then(|| {
         // dx = g · Wᵀ + scale · (u · Aᵀ) ⊙ mask
-        let mut dx = vec![0f32; n * din];
-        matmul(
-            MatMut::row_major(&mut dx, n, din).expect(GEMM),
+        let mut dx = Vec::new();
+        matmul_into(
+            &mut dx,
             m(g, n, dout),
             m(w, din, dout).t(),
-            Write::Overwrite,
             1.0,
             Threads::Auto,
         )
@@ -180,12 +146,11 @@ fn grads(
             )
             .expect(GEMM),
             Some(LoraDropout { p, seed }) => {
-                let mut low = vec![0f32; n * din];
-                matmul(
-                    MatMut::row_major(&mut low, n, din).expect(GEMM),
+                let mut low = Vec::new();
+                matmul_into(
+                    &mut low,
                     m(&u, n, r),
                     m(a, din, r).t(),
-                    Write::Overwrite,
                     scale,
                     Threads::Auto,
                 )
