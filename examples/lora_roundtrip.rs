@@ -71,11 +71,7 @@ fn main() -> Result<()> {
     }
     let model = model.valid();
     std::fs::create_dir_all(&args.out)?;
-    model.save_adapter(
-        args.out.join("adapter"),
-        &config,
-        &args.model.display().to_string(),
-    )?;
+    model.save_adapter(args.out.join("adapter"), &args.model.display().to_string())?;
     // The "right" batch of fixtures/golden/tiny-llama3.safetensors (same rows, right-padded).
     let logits = model.logits(&batch)?;
     let dims = logits.dims();

@@ -26,8 +26,8 @@ use kd_data::{
 };
 use kd_model::{Llama, LlamaConfig, SaveDType, parse_device};
 use kd_train::{
-    CausalLmLoss, LogRecord, RunInfo, SchedulerType, TrainConfig, TrainMode, TrainModel,
-    TrainObserver, train,
+    CausalLmLoss, LogRecord, ModelFiles, SchedulerType, TrainConfig, TrainMode, TrainModel,
+    TrainObserver, Trainer,
 };
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
@@ -218,27 +218,18 @@ fn main() -> Result<()> {
     }
     let tokens: usize = examples.iter().map(|e| e.len()).sum();
     println!("target data: {} examples, {tokens} tokens", examples.len());
-    let info = RunInfo {
-        lora: None,
+    let files = ModelFiles {
         base_model: "random".into(),
         tokenizer_dir: Some(tok_dir.clone()),
-        pad_id: 5,
     };
     if !args.only_draft {
         device.seed(1);
         let target = Llama::random(&model_config(vocab, 96, 256, 3)?, &device);
-        let (target, summary) = train(
-            &train_config(&args.work.join("target"), args.target_epochs, 3e-3),
-            &info,
-            TrainModel {
-                llama: target,
-                projection: None,
-            },
-            &examples,
-            &CausalLmLoss { weight: 1.0 },
-            &mut Print("target"),
-        )
-        .context("training the target")?;
+        let config = train_config(&args.work.join("target"), args.target_epochs, 3e-3);
+        let (target, summary) = Trainer::new(config, &CausalLmLoss { weight: 1.0 })
+            .observer(&mut Print("target"))
+            .run(TrainModel::new(target).with_files(files.clone()), &examples)
+            .context("training the target")?;
         println!("target: final loss {:?}", summary.last_loss);
         save(&target.llama, &tok_dir, &args.dir.join("target"))?;
     }
@@ -247,18 +238,11 @@ fn main() -> Result<()> {
     println!("draft data: {} pairs as plain text", plain.len());
     device.seed(2);
     let draft = Llama::random(&model_config(vocab, 64, 176, 2)?, &device);
-    let (draft, summary) = train(
-        &train_config(&args.work.join("draft"), args.draft_epochs, 3e-3),
-        &info,
-        TrainModel {
-            llama: draft,
-            projection: None,
-        },
-        &plain,
-        &CausalLmLoss { weight: 1.0 },
-        &mut Print("draft"),
-    )
-    .context("training the draft")?;
+    let config = train_config(&args.work.join("draft"), args.draft_epochs, 3e-3);
+    let (draft, summary) = Trainer::new(config, &CausalLmLoss { weight: 1.0 })
+        .observer(&mut Print("draft"))
+        .run(TrainModel::new(draft).with_files(files), &plain)
+        .context("training the draft")?;
     println!("draft: final loss {:?}", summary.last_loss);
     save(&draft.llama, &tok_dir, &args.dir.join("draft"))?;
     println!("wrote {}/{{tokenizer,target,draft}}", args.dir.display());

@@ -34,7 +34,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kd_eval::{AcceptanceReport, evaluate};
 use kd_model::{Llama, Sampling};
-use kd_train::speculator::{
+use kd_speculator::{
     ACCEPTANCE_FILE, Quiet, SpeculatorConfig, SpeculatorSummary, eval_options, run, setup,
 };
 use serde_json::{Value, json};
@@ -235,9 +235,10 @@ fn main() -> Result<()> {
             acc.after.as_ref().context("no acceptance after")?,
         );
         let t = &o.summary.train;
-        let (drafted, sampling_s, scoring_s) = t.on_policy.as_ref().map_or((0, 0.0, 0.0), |p| {
-            (p.generated_tokens, p.generation_seconds, p.scoring_seconds)
-        });
+        let (drafted, sampling_s, scoring_s) =
+            o.summary.on_policy.as_ref().map_or((0, 0.0, 0.0), |p| {
+                (p.generated_tokens, p.generation_seconds, p.scoring_seconds)
+            });
         let per_k = (t.step_seconds - sampling_s) / t.label_tokens.max(1) as f64 * 1000.0;
         let row = format!(
             "| ({}) {} | {:.2} → {:.2} | {:.1}% → {:.1}% | {:.2} → {:.2} | {:.1}% → {:.1}% | {} + {} | {:.0} s | {:.0} s / {:.0} s | {:.2} s | {:.0} s |",
@@ -271,7 +272,7 @@ fn main() -> Result<()> {
             "label_tokens": t.label_tokens,
             "draft_written_label_tokens": drafted,
             "step_seconds": t.step_seconds,
-            "on_policy": t.on_policy.as_ref().map(|p| json!({
+            "on_policy": o.summary.on_policy.as_ref().map(|p| json!({
                 "rows": p.rows,
                 "generated_tokens": p.generated_tokens,
                 "generation_seconds": p.generation_seconds,

@@ -13,7 +13,9 @@ use anyhow::Result;
 use clap::Parser;
 use kd_data::{ExampleOptions, build_example};
 use kd_model::{Llama, LoraConfig, parse_device};
-use kd_train::{CausalLmLoss, LogRecord, RunInfo, TrainConfig, TrainModel, TrainObserver, train};
+use kd_train::{
+    CausalLmLoss, LogRecord, ModelFiles, TrainConfig, TrainModel, TrainObserver, Trainer,
+};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -73,24 +75,13 @@ fn main() -> Result<()> {
         logging_steps: 2,
         ..TrainConfig::default()
     };
-    let info = RunInfo {
-        lora: Some(lora),
+    let model = TrainModel::new(llama).with_files(ModelFiles {
         base_model: args.model.display().to_string(),
         tokenizer_dir: None,
-        pad_id: 0,
-    };
-    let model = TrainModel {
-        llama,
-        projection: None,
-    };
-    let (_, summary) = train(
-        &config,
-        &info,
-        model,
-        &examples,
-        &CausalLmLoss { weight: 1.0 },
-        &mut Print,
-    )?;
+    });
+    let (_, summary) = Trainer::new(config, &CausalLmLoss { weight: 1.0 })
+        .observer(&mut Print)
+        .run(model, &examples)?;
     println!(
         "{} steps, checkpoints: {:?}",
         summary.global_step, summary.checkpoints

@@ -16,11 +16,12 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use clap::Parser;
 use kd_benches::{proc_status_bytes, random_batch};
+use kd_distill::DistillLoss;
 use kd_loss::{KdConfig, KdObjective};
 use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
 use kd_teacher::{LocalTeacher, ScoreOptions, Teacher};
-use kd_train::distill::DistillLoss;
-use kd_train::{AdamW, AdamWParams, StepLossFn, TrainModel, clip_coefficient, global_grad_norm};
+use kd_train::advanced::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
+use kd_train::{StepLossFn, TrainModel};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -56,10 +57,7 @@ fn main() -> Result<()> {
         ..LoraConfig::default()
     };
     let llama = Llama::random(&config, &device).apply_lora_seeded(&lora, 0)?;
-    let mut model = TrainModel {
-        llama: llama.train(),
-        projection: None,
-    };
+    let mut model = TrainModel::new(llama.train());
     let (b, s) = (args.batch, args.seq);
     let batch = random_batch(b, s, config.vocab_size);
     let sequences: Vec<Vec<u32>> = batch.input_ids.chunks(s).map(<[u32]>::to_vec).collect();

@@ -17,12 +17,12 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kd_model::{Llama, LlamaConfig, SaveDType, parse_device};
-use kd_teacher::{LocalTeacher, Teacher};
-use kd_train::speculator::{
+use kd_speculator::{
     Phase, Quiet, SpeculatorConfig, build_examples, generation_params, lora_config, run, setup,
     train_config,
 };
-use kd_train::{CausalLmLoss, NoopObserver, RunInfo, TrainModel, train};
+use kd_teacher::{LocalTeacher, Teacher};
+use kd_train::{CausalLmLoss, ModelFiles, TrainModel, Trainer};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -143,26 +143,15 @@ fn main() -> Result<()> {
         output_dir: tmp.path().join("kernels"),
         ..train_config(&config)
     };
-    let info = RunInfo {
-        lora: Some(lora),
+    let model = TrainModel::new(draft).with_files(ModelFiles {
         base_model: ddir.display().to_string(),
         tokenizer_dir: None,
-        pad_id: draft.pad_id(),
-    };
+    });
     let t = Instant::now();
-    train(
-        &train_cfg,
-        &info,
-        TrainModel {
-            llama: draft,
-            projection: None,
-        },
-        &examples.examples,
-        &CausalLmLoss {
-            weight: config.ce_weight,
-        },
-        &mut NoopObserver,
-    )?;
+    let loss = CausalLmLoss {
+        weight: config.ce_weight,
+    };
+    Trainer::new(train_cfg, &loss).run(model, &examples.examples)?;
     let train_secs = t.elapsed().as_secs_f64();
     let kernels = gen_secs + train_secs;
     println!(

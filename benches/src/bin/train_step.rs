@@ -24,9 +24,8 @@ use burn::optim::GradientsParams;
 use clap::Parser;
 use kd_benches::{Preset, cpu_seconds, median, proc_status_bytes, random_batch};
 use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
-use kd_train::{
-    AdamW, AdamWParams, CausalLmLoss, StepLossFn, TrainModel, clip_coefficient, global_grad_norm,
-};
+use kd_train::advanced::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
+use kd_train::{CausalLmLoss, StepLossFn, TrainModel};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -222,10 +221,7 @@ fn main() -> Result<()> {
         lora.dropout
     );
     // An Option so that the last round can free it before PyTorch runs.
-    let mut model = Some(TrainModel {
-        llama: llama.train(),
-        projection: None,
-    });
+    let mut model = Some(TrainModel::new(llama.train()));
     let batch = random_batch(b, s, config.vocab_size);
     let n = batch.label_tokens() as f32;
     let loss_fn = CausalLmLoss { weight: 1.0 };

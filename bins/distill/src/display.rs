@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kd_train::distill::{DistillObserver, DistillPhase, DistillSummary, Validation};
+use kd_distill::{DistillObserver, DistillPhase, DistillSummary, Validation};
 use kd_train::{LogRecord, TrainObserver};
 
 /// Draws the run on stderr.

@@ -1,5 +1,5 @@
 //! `distill`: ROLL's distill pipeline, driven by ROLL's YAML. Flags and Hydra-style overrides
-//! → [`kd_train::distill::load`] → [`kd_train::distill::run`]; everything else here is display.
+//! → [`kd_distill::load`] → [`kd_distill::run`]; everything else here is display.
 //!
 //! ```text
 //! distill --config_path examples/distill --config_name demo                 # like ROLL
@@ -60,21 +60,21 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let file = match (&cli.config, &cli.config_path, &cli.config_name) {
         (Some(f), _, _) => Some(f.clone()),
-        (None, Some(dir), Some(name)) => Some(kd_train::distill::config_file(dir, name)),
+        (None, Some(dir), Some(name)) => Some(kd_distill::config_file(dir, name)),
         (None, None, None) => None,
         _ => bail!("give both --config_path DIR and --config_name NAME (or --config FILE)"),
     };
-    let loaded = kd_train::distill::load(file.as_deref(), &cli.overrides)?;
+    let loaded = kd_distill::load(file.as_deref(), &cli.overrides)?;
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
     if cli.dry_run {
-        println!("{}", kd_train::distill::to_yaml(&loaded.config));
+        println!("{}", kd_distill::to_yaml(&loaded.config));
         return Ok(());
     }
     kd_train::retain_freed_memory();
     let mut display = Display::new();
-    let summary = kd_train::distill::run(&loaded.config, &mut display);
+    let summary = kd_distill::run(&loaded.config, &mut display);
     display.finish();
     print_summary(&summary?);
     Ok(())

@@ -9,7 +9,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, Parser, Subcommand};
 use kd_eval::{EvalOptions, SpecConfig};
 use kd_model::{Sampling, SaveDType};
-use kd_train::speculator::{EvalConfig, KeepLayers, ServeTeacherConfig, SpeculatorConfig};
+use kd_speculator::{EvalConfig, KeepLayers, ServeTeacherConfig, SpeculatorConfig};
 use serde::Serialize;
 
 fn d() -> SpeculatorConfig {

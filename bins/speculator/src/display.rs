@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kd_eval::{AcceptanceReport, EvalPhase};
+use kd_speculator::{Phase, SpeculatorObserver, SpeculatorSummary};
 use kd_teacher::CacheProgress;
-use kd_train::speculator::{Phase, SpeculatorObserver, SpeculatorSummary};
 use kd_train::{LogRecord, TrainObserver};
 
 /// Draws the run on stderr.
@@ -219,7 +219,7 @@ pub fn print_summary(s: &SpeculatorSummary) {
         "  trained            {} steps, {} label tokens per epoch",
         s.train.global_step, s.trained_tokens_per_epoch
     );
-    if let Some(o) = &s.train.on_policy {
+    if let Some(o) = &s.on_policy {
         println!(
             "  on-policy          {} rows: the draft sampled {} tokens ({:.1} s, {:.0} tokens/s), \
              the target scored {} ({:.1} s); {:.0}% + {:.0}% of the steps' {:.1} s",

@@ -1,7 +1,7 @@
 //! `speculator`: trains a draft model for speculative decoding on a target model's
 //! generations, with the speculator seed's flags (`--target_model`, `--lora_r`, …; kebab-case
-//! spellings work too). Flags → [`kd_train::speculator::SpeculatorConfig`] →
-//! [`kd_train::speculator::run`]; everything else here is display.
+//! spellings work too). Flags → [`kd_speculator::SpeculatorConfig`] →
+//! [`kd_speculator::run`]; everything else here is display.
 //!
 //! ```text
 //! speculator --target_model T --draft_model D --data_dir data --output_dir out   # = train
@@ -53,7 +53,7 @@ fn run() -> Result<()> {
         Some(Command::Eval(e)) => {
             let config = e.config();
             let mut display = Display::new();
-            let report = kd_train::speculator::eval(&config, |phase, done, total| {
+            let report = kd_speculator::eval(&config, |phase, done, total| {
                 display.eval_progress(phase, done, total)
             })?;
             display.finish();
@@ -67,7 +67,7 @@ fn run() -> Result<()> {
             Ok(())
         }
         Some(Command::Merge(m)) => {
-            kd_train::speculator::merge(&m.adapter, m.base_model.as_deref(), &m.out, m.dtype())?;
+            kd_speculator::merge(&m.adapter, m.base_model.as_deref(), &m.out, m.dtype())?;
             println!(
                 "merged {} into a Hugging Face model directory: {}\n  serve it as the draft, e.g. \
                  SGLang --speculative-draft-model-path {}",
@@ -78,7 +78,7 @@ fn run() -> Result<()> {
             Ok(())
         }
         Some(Command::DeriveDraft(a)) => {
-            let layers = kd_train::speculator::derive_draft(&a.from, &a.keep(), &a.out)?;
+            let layers = kd_speculator::derive_draft(&a.from, &a.keep(), &a.out)?;
             println!(
                 "derived a {}-layer draft (layers {layers:?} of {}) in {}",
                 layers.len(),
@@ -89,7 +89,7 @@ fn run() -> Result<()> {
         }
         Some(Command::ServeTeacher(s)) => {
             let config = s.config();
-            let handle = kd_train::speculator::serve_teacher(&config)?;
+            let handle = kd_speculator::serve_teacher(&config)?;
             println!(
                 "serving {} at {} (SGLang /generate, OpenAI /v1/completions); Ctrl-C stops",
                 config.target_model.display(),
@@ -101,9 +101,9 @@ fn run() -> Result<()> {
     }
 }
 
-fn train(config: kd_train::speculator::SpeculatorConfig, dry_run: bool) -> Result<()> {
+fn train(config: kd_speculator::SpeculatorConfig, dry_run: bool) -> Result<()> {
     if dry_run {
-        let plan = kd_train::speculator::plan(&config)?;
+        let plan = kd_speculator::plan(&config)?;
         println!("dry run: nothing was read beyond configs and prompts, nothing written");
         for w in &plan.warnings {
             println!("warning: {w}");
@@ -116,7 +116,7 @@ fn train(config: kd_train::speculator::SpeculatorConfig, dry_run: bool) -> Resul
     }
     kd_train::retain_freed_memory();
     let mut display = Display::new();
-    let summary = kd_train::speculator::run(&config, &mut display);
+    let summary = kd_speculator::run(&config, &mut display);
     display.finish();
     print_summary(&summary?);
     Ok(())

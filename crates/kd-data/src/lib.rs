@@ -2,7 +2,8 @@
 //! yields token ids, labels, masks and records as plain Rust values.
 //!
 //! - Sources ([`source`]): OpenAI batch prompts (`data_dir/*/batch_input.jsonl`),
-//!   question/answer sets (JSON array or JSONL, dotted keys), plain text; streamed, with a
+//!   question/answer sets (JSON array or JSONL, dotted keys), plain text, and prompt/completion
+//!   pairs a program holds ([`PromptCompletion`]); streamed, with a
 //!   bad-record policy (`error` names file and line; `skip` counts by reason) and
 //!   deterministic sampling ([`Sampling`]).
 //! - Chat templates ([`ChatTemplate`]): the model's own Jinja template rendered with
@@ -37,8 +38,9 @@ mod tokenize;
 pub use batch::{Batch, BatchOptions, BatchPlan, collate, plan_batches};
 pub use error::{DataError, Result};
 pub use source::{
-    BadRecordKind, BadRecordPolicy, Location, Message, OpenAiBatchSource, PromptRecord, QaKeys,
-    QaRecord, QaSource, Sampling, SkipReport, TextRecord, TextSource, find_batch_files,
+    BadRecordKind, BadRecordPolicy, Location, Message, OpenAiBatchSource, PromptCompletion,
+    PromptRecord, QaKeys, QaRecord, QaSource, Sampling, SkipReport, TextRecord, TextSource,
+    find_batch_files,
 };
 pub use template::{ChatTemplate, load_template, special_tokens};
 pub use tokenize::{

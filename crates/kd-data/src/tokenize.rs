@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, Result};
-use crate::source::{Message, QaRecord};
+use crate::source::{Message, PromptCompletion, QaRecord};
 use crate::template::{ChatTemplate, load_template};
 
 /// Writes through [`kd_kernels::write_atomic`].
@@ -197,23 +197,56 @@ impl ChatTokenizer {
         record: &QaRecord,
         options: &ExampleOptions,
     ) -> Result<(Example, Truncation)> {
-        let prompt = self.encode_prompt(&record.messages)?;
-        let mut full_messages = record.messages.clone();
-        full_messages.push(Message::new("assistant", record.answer.clone()));
+        self.chat_example(
+            &record.id,
+            &record.location.to_string(),
+            &record.messages,
+            &record.answer,
+            options,
+        )
+    }
+
+    /// Training examples of prompt/completion pairs, as [`qa_example`](Self::qa_example) makes
+    /// them: labels on the completion's tokens (its end-of-turn token included), cut to
+    /// `options.max_seq_length`; with what the cutting removed.
+    pub fn prompt_completion_examples(
+        &self,
+        pairs: &[PromptCompletion],
+        options: &ExampleOptions,
+    ) -> Result<(Vec<Example>, Truncation)> {
+        let mut cut = Truncation::default();
+        let mut out = Vec::with_capacity(pairs.len());
+        for (i, p) in pairs.iter().enumerate() {
+            let id = if p.id.is_empty() {
+                format!("pair {i}")
+            } else {
+                p.id.clone()
+            };
+            let (e, t) = self.chat_example(&id, &id, &p.messages, &p.completion, options)?;
+            cut.add(t);
+            out.push(e);
+        }
+        Ok((out, cut))
+    }
+
+    fn chat_example(
+        &self,
+        id: &str,
+        location: &str,
+        messages: &[Message],
+        answer: &str,
+        options: &ExampleOptions,
+    ) -> Result<(Example, Truncation)> {
+        let prompt = self.encode_prompt(messages)?;
+        let mut full_messages = messages.to_vec();
+        full_messages.push(Message::new("assistant", answer));
         let full = self.encode_chat(&full_messages, false)?;
         if full.len() < prompt.len() || full[..prompt.len()] != prompt[..] {
             return Err(DataError::Template(format!(
-                "{}: the rendered conversation does not start with the rendered prompt, so the \
-                 answer tokens cannot be located; this template is not prefix-stable",
-                record.location
+                "{location}: the rendered conversation does not start with the rendered prompt,                  so the answer tokens cannot be located; this template is not prefix-stable"
             )));
         }
-        Ok(build_example(
-            &record.id,
-            &prompt,
-            &full[prompt.len()..],
-            options,
-        ))
+        Ok(build_example(id, &prompt, &full[prompt.len()..], options))
     }
 }
 

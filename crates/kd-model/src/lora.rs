@@ -82,7 +82,14 @@ impl Llama {
                 });
             }
         }
+        model.lora = Some(config.clone());
         Ok(model)
+    }
+
+    /// The settings of the attached adapters (from [`apply_lora`](Self::apply_lora) or
+    /// [`load_adapter`](Self::load_adapter)); `None` without adapters.
+    pub fn lora_config(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
     }
 
     /// Parameters in adapters vs in the whole model.
@@ -126,17 +133,13 @@ impl Llama {
         out
     }
 
-    /// Writes the adapters in PEFT layout (`adapter_config.json`,
-    /// `adapter_model.safetensors`), loadable with `PeftModel.from_pretrained`.
-    pub fn save_adapter(
-        &self,
-        dir: impl AsRef<Path>,
-        config: &LoraConfig,
-        base_model: &str,
-    ) -> Result<()> {
-        if !self.has_adapters() {
+    /// Writes the adapters in PEFT layout (`adapter_config.json` with the settings they were
+    /// attached with, `adapter_model.safetensors`), loadable with `PeftModel.from_pretrained`;
+    /// `base_model` is written as `base_model_name_or_path`.
+    pub fn save_adapter(&self, dir: impl AsRef<Path>, base_model: &str) -> Result<()> {
+        let (Some(config), true) = (&self.lora, self.has_adapters()) else {
             return Err(ModelError::Lora("the model has no adapters to save".into()));
-        }
+        };
         save_peft(dir.as_ref(), config, base_model, &self.adapter_weights()).map_err(lora_err)
     }
 
@@ -189,6 +192,7 @@ impl Llama {
                 );
             }
         }
+        model.lora = Some(adapter.config.clone());
         Ok((model, adapter.config))
     }
 
@@ -196,6 +200,7 @@ impl Llama {
     pub fn merge_and_unload(mut self) -> Self {
         // Packed GGUF blocks mirror the unmerged weights.
         self.packed = None;
+        self.lora = None;
         for proj in self.projections_mut() {
             let taken = std::mem::replace(proj, kd_lora::LoraLinear::new(proj.base.clone()));
             *proj = taken.merge();

@@ -250,6 +250,10 @@ pub struct Llama {
     /// GGUF blocks kept for decoding (`Llama::load_for_inference`), mirroring the weights.
     #[module(skip)]
     pub(crate) packed: Option<std::sync::Arc<crate::packed::Packed>>,
+    /// The settings of the adapters attached by `apply_lora` / `load_adapter` (what
+    /// `save_adapter` writes as `adapter_config.json`); `None` without adapters.
+    #[module(skip)]
+    pub(crate) lora: Option<kd_lora::LoraConfig>,
 }
 
 impl Llama {
@@ -326,6 +330,7 @@ impl Llama {
             config,
             rope,
             packed: None,
+            lora: None,
         }
     }
 
@@ -373,8 +378,10 @@ impl Llama {
             .iter()
             .map(|i| slots[*i].take().expect("indices are distinct"))
             .collect();
+        let lora = self.lora;
         let mut out = Self::from_parts(config, self.embed_tokens, layers, self.norm, self.lm_head);
         out.packed = packed;
+        out.lora = lora;
         Ok(out)
     }
 

@@ -36,23 +36,9 @@ pub enum TrainError {
         /// The last one.
         step: usize,
     },
-    /// An output directory that holds another run.
-    #[error("output directory {path}: {message}")]
-    OutputDir {
-        /// The directory.
-        path: PathBuf,
-        /// What it holds and what to do.
-        message: String,
-    },
     /// The model failed.
     #[error(transparent)]
     Model(#[from] kd_model::ModelError),
-    /// The teacher failed.
-    #[error(transparent)]
-    Teacher(#[from] kd_teacher::TeacherError),
-    /// Speculative decoding failed.
-    #[error(transparent)]
-    Eval(#[from] kd_eval::EvalError),
     /// A loss failed.
     #[error(transparent)]
     Loss(#[from] kd_loss::LossError),
@@ -62,13 +48,23 @@ pub enum TrainError {
     /// Data failed.
     #[error(transparent)]
     Data(#[from] kd_data::DataError),
+    /// A pipeline's step data source or loss failed (e.g. the teacher scoring on-policy
+    /// rows).
+    #[error(transparent)]
+    Step(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
 impl TrainError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// A pipeline's error, carried through the trainer.
+    pub fn step(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Step(Box::new(e))
+    }
+
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
             source,

@@ -84,7 +84,7 @@ impl TextLog {
 }
 
 /// CRC-32C (Castagnoli), as TFRecord framing uses.
-pub fn crc32c(data: &[u8]) -> u32 {
+pub(crate) fn crc32c(data: &[u8]) -> u32 {
     static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
     let table = TABLE.get_or_init(|| {
         let mut t = [0u32; 256];

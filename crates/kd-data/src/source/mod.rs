@@ -1,6 +1,7 @@
 //! Record sources: OpenAI batch prompts, question/answer sets, plain text; the bad-record
 //! policy; deterministic sampling.
 
+mod completion;
 mod openai;
 mod qa;
 pub mod reader;
@@ -13,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+pub use completion::PromptCompletion;
 pub use openai::{OpenAiBatchSource, PromptRecord, find_batch_files};
 pub use qa::{QaKeys, QaRecord, QaSource};
 pub use reader::{Location, RawRecord, RawRecords, get_path};
@@ -36,6 +38,21 @@ impl Message {
             role: role.into(),
             content: content.into(),
         }
+    }
+
+    /// A `user` message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+
+    /// A `system` message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+
+    /// An `assistant` message.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new("assistant", content)
     }
 }
 

@@ -115,7 +115,7 @@ fn our_adapters_round_trip_in_peft_layout() {
 
     let tmp = tempfile::tempdir().unwrap();
     model
-        .save_adapter(tmp.path(), &config, "fixtures/tiny-models/tiny-llama3")
+        .save_adapter(tmp.path(), "fixtures/tiny-models/tiny-llama3")
         .unwrap();
     let cfg: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(tmp.path().join("adapter_config.json")).unwrap(),

@@ -4,7 +4,7 @@
 use burn::tensor::Device;
 use kd_data::{Example, ExampleOptions, build_example};
 use kd_model::{Llama, LoraConfig, SaveDType, TokenBatch};
-use kd_train::{CausalLmLoss, RunInfo, TrainConfig, TrainModel, TrainObserver, train};
+use kd_train::{CausalLmLoss, ModelFiles, TrainConfig, TrainModel, TrainObserver, Trainer};
 
 use crate::util::*;
 
@@ -60,28 +60,21 @@ fn run(device: &Device) -> (Vec<f64>, Llama, tempfile::TempDir) {
         seed: 7,
         ..TrainConfig::default()
     };
-    let info = RunInfo {
-        lora: Some(lora.clone()),
+    let files = ModelFiles {
         base_model: "fixtures/tiny-models/tiny-llama3".into(),
         tokenizer_dir: None,
-        pad_id: 0,
     };
-    let model = TrainModel {
-        llama: load("tiny-llama3", device)
+    let model = TrainModel::new(
+        load("tiny-llama3", device)
             .apply_lora_seeded(&lora, 1234)
             .unwrap(),
-        projection: None,
-    };
-    let mut losses = Losses::default();
-    let (trained, summary) = train(
-        &config,
-        &info,
-        model,
-        &examples(12),
-        &CausalLmLoss { weight: 1.0 },
-        &mut losses,
     )
-    .unwrap();
+    .with_files(files);
+    let mut losses = Losses::default();
+    let (trained, summary) = Trainer::new(config, &CausalLmLoss { weight: 1.0 })
+        .observer(&mut losses)
+        .run(model, &examples(12))
+        .unwrap();
     assert_eq!(summary.global_step, 3);
     assert_eq!(summary.skipped_steps, 0);
     (losses.0, trained.llama, dir)

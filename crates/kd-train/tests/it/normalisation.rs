@@ -5,7 +5,24 @@
 use burn::module::Module;
 use kd_data::{Batch, collate};
 use kd_model::LoraConfig;
-use kd_train::{CausalLmLoss, TrainModel, shard_rows, step_gradients};
+use kd_train::advanced::shard_rows;
+use kd_train::{CausalLmLoss, StepLossFn, TrainModel};
+
+/// Gradients, loss and terms of one step.
+type Step = (burn::optim::GradientsParams, f64, Vec<(&'static str, f64)>);
+
+/// The gradient, loss and terms of one step whose micro-batches all learn through `loss`.
+fn step_gradients(
+    model: &TrainModel,
+    batches: &[Batch],
+    normalizer: f32,
+    loss: &dyn StepLossFn,
+    seeds: &[u64],
+) -> kd_train::Result<Step> {
+    let parts: Vec<(&Batch, &dyn StepLossFn)> = batches.iter().map(|b| (b, loss)).collect();
+    let s = kd_train::advanced::step_gradients(model, &parts, normalizer, seeds)?;
+    Ok((s.grads, s.loss, s.terms))
+}
 
 use crate::util::*;
 
@@ -43,10 +60,7 @@ fn global_token_count_and_shards() {
         ..LoraConfig::default()
     };
     let llama = base_model().apply_lora_seeded(&config, 99).unwrap();
-    let model = TrainModel {
-        llama: llama.train(),
-        projection: None,
-    };
+    let model = TrainModel::new(llama.train());
     let loss = CausalLmLoss { weight: 1.0 };
     let rows: Vec<Vec<usize>> = (0..8).map(|i| vec![i]).collect();
     let batch = |r: &[Vec<usize>]| -> Batch { collate(&examples, r, 0, usize::MAX) };

@@ -3,9 +3,8 @@
 use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
-use kd_train::{
-    AdamW, AdamWParams, SchedulerType, clip_coefficient, global_grad_norm, learning_rate,
-};
+use kd_train::SchedulerType;
+use kd_train::advanced::{AdamW, AdamWParams, clip_coefficient, global_grad_norm, learning_rate};
 
 use crate::util::*;
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kd_train::{CausalLmLoss, NoopObserver, TrainConfig, TrainObserver, train};
+use kd_train::{CausalLmLoss, NoopObserver, TrainConfig, TrainObserver};
 
 use crate::util::*;
 

@@ -4,9 +4,10 @@
 use burn::tensor::Tensor;
 use kd_data::Batch;
 use kd_model::{Llama, TokenBatch};
+use kd_train::checkpoint::step_checkpoints;
 use kd_train::{
     CausalLmLoss, NoopObserver, StepLoss, StepLossFn, TrainConfig, TrainError, TrainMode,
-    TrainModel, step_checkpoints, train,
+    TrainModel,
 };
 
 use crate::util::*;
@@ -148,10 +149,7 @@ fn full_fine_tuning_saves_the_whole_model() {
         learning_rate: 1e-3,
         ..small_config(dir.path())
     };
-    let model = TrainModel {
-        llama: base_model(),
-        projection: None,
-    };
+    let model = TrainModel::new(base_model());
     let (trained, summary) = train(
         &config,
         &run_info(),
@@ -193,8 +191,24 @@ fn full_fine_tuning_saves_the_whole_model() {
 /// masked CRC-32C of the length, data, masked CRC-32C of the data; every CRC checked) around
 /// `Event` protobufs; the file-version event gives (step, version, NaN).
 fn read_events(path: &std::path::Path) -> Vec<(i64, String, f32)> {
+    /// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), bit by bit: independent of
+    /// the table-driven one that writes the files.
+    fn crc32c(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &b in data {
+            crc ^= u32::from(b);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0x82F6_3B78
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
     fn masked(data: &[u8]) -> u32 {
-        let c = kd_train::crc32c(data);
+        let c = crc32c(data);
         (c.rotate_right(15)).wrapping_add(0xa282_ead8)
     }
     fn varint(b: &[u8], at: &mut usize) -> u64 {

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use kd_data::{Example, ExampleOptions, build_example};
 use kd_model::{Llama, LoraConfig};
-use kd_train::{RunInfo, TrainConfig, TrainModel};
+use kd_train::{
+    ModelFiles, StepLossFn, TrainConfig, TrainModel, TrainObserver, TrainSummary, Trainer,
+};
 
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -30,12 +32,11 @@ pub fn lora_config() -> LoraConfig {
 
 pub fn lora_model() -> TrainModel {
     // Seeded initialisation: tests run in parallel and share the device's generator.
-    TrainModel {
-        llama: base_model()
+    TrainModel::new(
+        base_model()
             .apply_lora_seeded(&lora_config(), 1234)
             .unwrap(),
-        projection: None,
-    }
+    )
 }
 
 /// Deterministic synthetic prompt/completion examples over the tiny vocabulary: the
@@ -61,13 +62,25 @@ pub fn examples(n: usize) -> Vec<Example> {
         .collect()
 }
 
-pub fn run_info() -> RunInfo {
-    RunInfo {
-        lora: Some(lora_config()),
+pub fn run_info() -> ModelFiles {
+    ModelFiles {
         base_model: "fixtures/tiny-models/tiny-llama3".into(),
         tokenizer_dir: None,
-        pad_id: 0,
     }
+}
+
+/// A run through [`Trainer`] with the files `files` names.
+pub fn train(
+    config: &TrainConfig,
+    files: &ModelFiles,
+    model: TrainModel,
+    examples: &[Example],
+    loss: &dyn StepLossFn,
+    observer: &mut dyn TrainObserver,
+) -> kd_train::Result<(TrainModel, TrainSummary)> {
+    Trainer::new(config.clone(), loss)
+        .observer(observer)
+        .run(model.with_files(files.clone()), examples)
 }
 
 pub fn small_config(dir: &std::path::Path) -> TrainConfig {

@@ -1,0 +1,810 @@
+//! The distill pipeline end to end: question/answer records → the student's chat template →
+//! the teacher's top-k log-probs of the same tokens (cached) → the student trained on
+//! `(1 − w)·CE + w·KD` → validation every `eval_steps` → checkpoints, exact resume and
+//! TensorBoard under `logging_dir` with ROLL's metric names.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::tensor::Device;
+use kd_data::{
+    BadRecordPolicy, Batch, BatchOptions, ChatTemplate, ChatTokenizer, Example, ExampleOptions,
+    QaKeys, QaSource, Truncation, collate, plan_batches, special_tokens,
+};
+use kd_lora::{LoraConfig, TargetModules};
+use kd_model::{Llama, LlamaConfig, parse_device};
+use kd_teacher::{
+    LocalTeacher, RemoteConfig, RemoteTeacher, ScoreCache, ScoreCacheManifest, ScoreOptions,
+    Scores, Teacher, model_fingerprint, sequences_hash,
+};
+use serde::Serialize;
+
+use super::config::{
+    DistillConfig, LrScheduler, ModelDType, ResumeFrom, TrackWith, TransferBackend,
+};
+use super::loss::{DistillLoss, EvalSums, evaluate_batches};
+use crate::error::{PipelineError, Result};
+use kd_pipeline::on_policy::{OnPolicy, OnPolicyConfig, OnPolicyData, OnPolicyTotals};
+use kd_pipeline::vocab::{VocabDifference, vocab_difference};
+use kd_train::checkpoint::step_checkpoints;
+use kd_train::metrics::{LogRecord, TensorBoard, TrainObserver};
+use kd_train::{ModelFiles, StepHook, TrainError, TrainModel, TrainSummary, Trainer};
+use kd_train::{SchedulerType, TrainConfig, TrainMode};
+
+/// The stages of a run, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DistillPhase {
+    /// Reading the data and loading the models.
+    Setup,
+    /// The teacher scores every training and validation example.
+    Score,
+    /// Training (with validation every `eval_steps`).
+    Train,
+}
+
+impl DistillPhase {
+    /// A short name for displays.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Setup => "setup",
+            Self::Score => "teacher scoring",
+            Self::Train => "train",
+        }
+    }
+}
+
+/// One validation pass.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Validation {
+    /// The optimizer step it followed.
+    pub step: usize,
+    /// ROLL's `student/val_loss`: the student's CE per counted token.
+    pub val_loss: f64,
+    /// The KD objective per counted token.
+    pub kd_loss: f64,
+    /// α = mean Σ min(p, q) on the teacher's support.
+    pub alpha: f64,
+    /// Share of positions where the student's and the teacher's argmax agree.
+    pub top1_agreement: f64,
+    /// Counted positions.
+    pub tokens: usize,
+    /// Wall time (`time/val`).
+    pub seconds: f64,
+}
+
+/// Progress callbacks of a run (the library prints nothing).
+pub trait DistillObserver: TrainObserver {
+    /// A phase starts.
+    fn on_phase(&mut self, _phase: DistillPhase) {}
+    /// Something the user should know that does not stop the run.
+    fn on_warning(&mut self, _message: &str) {}
+    /// The teacher scored `done` of `total` sequences.
+    fn on_score_progress(&mut self, _done: usize, _total: usize) {}
+    /// A validation pass finished.
+    fn on_validation(&mut self, _v: &Validation) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct QuietDistill;
+
+impl TrainObserver for QuietDistill {}
+impl DistillObserver for QuietDistill {}
+
+/// How a run went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistillSummary {
+    /// Checkpoints are here.
+    pub output_dir: PathBuf,
+    /// TensorBoard files are here (with `track_with: tensorboard`).
+    pub logging_dir: PathBuf,
+    /// Training and validation examples.
+    pub examples: (usize, usize),
+    /// Label tokens per epoch.
+    pub train_tokens: usize,
+    /// Seconds the teacher spent scoring (about 0 when every score came from the cache).
+    pub teacher_seconds: f64,
+    /// Sequences the teacher scored in this run (0 when every score came from the cache).
+    pub scored_sequences: usize,
+    /// The trainer's summary.
+    pub train: TrainSummary,
+    /// What the on-policy rows cost (runs with on-policy rows only).
+    pub on_policy: Option<OnPolicyTotals>,
+    /// The last logged record.
+    pub last_log: Option<LogRecord>,
+    /// Every validation pass of this run.
+    pub validations: Vec<Validation>,
+    /// Non-fatal problems met on the way.
+    pub warnings: Vec<String>,
+}
+
+/// The chat template names `data_args.template` accepts besides a path to a Jinja file.
+pub const TEMPLATE_NAMES: [&str; 2] = ["native", "qwen2_5"];
+
+/// Qwen2.5's chat template (ChatML) without the tool-calling branches, as ROLL's `qwen2_5`.
+const QWEN2_5_TEMPLATE: &str = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or (message.role == 'assistant') %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/// The student's tokenizer with the template `data_args.template` names: `native` (absent =
+/// native: the student's own), `qwen2_5`, or a path to a Jinja file.
+pub fn chat_tokenizer(student: &Path, template: Option<&str>) -> Result<ChatTokenizer> {
+    let tok = ChatTokenizer::from_dir(student)?;
+    let name = template.unwrap_or("native").trim();
+    // The special tokens a template may name (`bos_token`, …), from the student's files.
+    let special = || {
+        let v: serde_json::Value = std::fs::read_to_string(student.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        special_tokens(&v)
+    };
+    match name {
+        "native" => {
+            if tok.template().is_none() {
+                return Err(PipelineError::Config(format!(
+                    "`data_args.template: native`: the student {} has no chat template in its \
+                     tokenizer files; name one of {:?} or a Jinja file",
+                    student.display(),
+                    &TEMPLATE_NAMES[1..]
+                )));
+            }
+            Ok(tok)
+        }
+        "qwen2_5" => Ok(tok.with_template(ChatTemplate::new(QWEN2_5_TEMPLATE, special())?)),
+        path if Path::new(path).is_file() => {
+            let source = std::fs::read_to_string(path)
+                .map_err(|e| PipelineError::io(PathBuf::from(path), e))?;
+            Ok(tok.with_template(ChatTemplate::new(&source, special())?))
+        }
+        other => Err(PipelineError::Config(format!(
+            "`data_args.template`: unknown template `{other}`; available: {} or a path to a \
+             Jinja file",
+            TEMPLATE_NAMES
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// Tokenized question/answer examples of `files`.
+pub fn read_examples(
+    config: &DistillConfig,
+    tokenizer: &ChatTokenizer,
+    files: &[PathBuf],
+    what: &str,
+) -> Result<(Vec<Example>, Truncation)> {
+    for f in files {
+        if !f.is_file() {
+            return Err(PipelineError::Config(format!(
+                "{what}: data file {} does not exist",
+                f.display()
+            )));
+        }
+    }
+    let source = QaSource {
+        files: files.to_vec(),
+        keys: QaKeys {
+            question_key: config.question_key.clone(),
+            answer_key: config.answer_key.clone(),
+            ..QaKeys::default()
+        },
+        policy: BadRecordPolicy::Error,
+    };
+    let options = ExampleOptions {
+        max_seq_length: config.sequence_length,
+        train_on_prompt: config.distill_on_prompt,
+    };
+    let max = config.student.data_args.max_samples.unwrap_or(usize::MAX);
+    let mut examples = Vec::new();
+    let mut cut = Truncation::default();
+    for record in source.records().take(max) {
+        let (e, t) = tokenizer.qa_example(&record?, &options)?;
+        cut.add(t);
+        examples.push(e);
+    }
+    if examples.is_empty() {
+        return Err(PipelineError::Config(format!(
+            "{what}: no records in {}",
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok((examples, cut))
+}
+
+/// The device of a worker: its first GPU where this build reaches one (CUDA, or a hardware
+/// wgpu adapter), the CPU otherwise.
+fn worker_device(
+    mapping: Option<&super::config::DeviceMapping>,
+    what: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Device> {
+    match mapping.and_then(|m| m.0.first()) {
+        Some(gpu) if kd_model::gpus_available() => {
+            let device = parse_device(&gpu.to_string())?;
+            if mapping.is_some_and(|m| m.0.len() > 1) {
+                warnings.push(format!(
+                    "`{what}.device_mapping` names {} GPUs; this toolkit runs a worker on one \
+                     device: GPU {gpu} ({})",
+                    mapping.map_or(0, |m| m.0.len()),
+                    kd_model::describe(&device)
+                ));
+            }
+            Ok(device)
+        }
+        Some(_) => {
+            warnings.push(format!(
+                "`{what}.device_mapping` names GPUs, but this build reaches none (no CUDA, no \
+                 hardware wgpu adapter): the {what} runs on the CPU"
+            ));
+            Ok(Device::flex())
+        }
+        None => Ok(Device::flex()),
+    }
+}
+
+fn check_same_family(
+    student: &LlamaConfig,
+    teacher: &LlamaConfig,
+    student_tok: &ChatTokenizer,
+    teacher_dir: &Path,
+) -> Result<()> {
+    let same_type = "ROLL's distill pipeline (and this one) needs a student and a teacher of the \
+                     same type, sharing one tokenizer";
+    let teacher_tok = if kd_pipeline::models::has_tokenizer(teacher_dir) {
+        Some(ChatTokenizer::from_dir(teacher_dir)?)
+    } else {
+        None
+    };
+    match vocab_difference(
+        (student, Some(student_tok)),
+        (teacher, teacher_tok.as_ref()),
+    ) {
+        None => Ok(()),
+        Some(VocabDifference::Size { first, second }) => Err(PipelineError::Config(format!(
+            "vocabulary mismatch: the student has {first} tokens, the teacher {second}; {same_type}"
+        ))),
+        Some(VocabDifference::Map {
+            first, differing, ..
+        }) => Err(PipelineError::Config(format!(
+            "tokenizer mismatch: {differing} of the student's {first} tokens map to other ids in \
+             the teacher's tokenizer ({}); {same_type}",
+            teacher_dir.display()
+        ))),
+    }
+}
+
+/// The trainer's settings of a run.
+pub fn train_config(config: &DistillConfig) -> TrainConfig {
+    let t = &config.student.training_args;
+    let max_steps = if config.max_steps > 0 {
+        Some(config.max_steps as usize)
+    } else if t.max_steps > 0 {
+        Some(t.max_steps as usize)
+    } else {
+        None
+    };
+    TrainConfig {
+        output_dir: config.output_dir.clone(),
+        mode: if config.student.model_args.lora_target.is_some() {
+            TrainMode::Lora
+        } else {
+            TrainMode::Full
+        },
+        num_epochs: t.num_train_epochs.ceil().max(1.0) as usize,
+        max_steps,
+        learning_rate: t.learning_rate,
+        warmup_ratio: t.warmup_ratio,
+        warmup_steps: (t.warmup_steps > 0).then_some(t.warmup_steps),
+        scheduler_type: match t.lr_scheduler_type {
+            LrScheduler::Linear => SchedulerType::Linear,
+            LrScheduler::Cosine => SchedulerType::Cosine,
+            LrScheduler::Constant => SchedulerType::Constant,
+        },
+        weight_decay: t.weight_decay,
+        adam_beta1: t.adam_beta1,
+        adam_beta2: t.adam_beta2,
+        adam_epsilon: t.adam_epsilon,
+        max_grad_norm: t.max_grad_norm,
+        train_batch_size: t.per_device_train_batch_size,
+        gradient_accumulation_steps: t.gradient_accumulation_steps,
+        accumulation_shards: 1,
+        save_steps: config.save_steps,
+        save_total_limit: (config.max_ckpt_to_keep > 0).then_some(config.max_ckpt_to_keep),
+        save_epoch_checkpoints: false,
+        logging_steps: config.logging_steps,
+        seed: config.seed,
+        resume_from_checkpoint: match &config.resume_from_checkpoint {
+            ResumeFrom::No => None,
+            ResumeFrom::Latest => Some("latest".into()),
+            ResumeFrom::Path(p) => Some(p.display().to_string()),
+        },
+        ..TrainConfig::default()
+    }
+}
+
+/// The LoRA settings of the student (when `lora_target` is set).
+pub fn lora_config(config: &DistillConfig) -> Option<LoraConfig> {
+    let m = &config.student.model_args;
+    let target = m.lora_target.as_ref()?;
+    let r = m.lora_rank.unwrap_or(8);
+    Some(LoraConfig {
+        r,
+        alpha: m.lora_alpha.unwrap_or(2.0 * r as f64),
+        dropout: m.lora_dropout,
+        target_modules: TargetModules::Names(target.modules()),
+        use_rslora: false,
+    })
+}
+
+fn score_all(
+    teacher: &dyn Teacher,
+    examples: &[Example],
+    top_k: usize,
+    dir: &Path,
+    shard: usize,
+    scored: &mut usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Vec<Scores>> {
+    let sequences: Vec<Vec<u32>> = examples.iter().map(|e| e.input_ids.clone()).collect();
+    let cache = ScoreCache::open(
+        dir,
+        ScoreCacheManifest {
+            version: 1,
+            teacher: teacher.fingerprint(),
+            options: ScoreOptions::top_k(top_k),
+            sequences: sequences_hash(&sequences),
+            count: sequences.len(),
+            shard_size: shard,
+        },
+    )?;
+    let total = sequences.len();
+    let mut last = 0;
+    let scores = cache.score(teacher, &sequences, |p| {
+        if !p.reused {
+            *scored += p.prompts_done - last;
+        }
+        last = p.prompts_done;
+        progress(p.prompts_done, total)
+    })?;
+    Ok(scores)
+}
+
+/// Validation every `eval_steps` (and after the last step), written to TensorBoard.
+struct Validator<'a> {
+    batches: Vec<Batch>,
+    scores: &'a [Scores],
+    kd: kd_loss::KdConfig,
+    every: usize,
+    tb: Option<&'a RefCell<TensorBoard>>,
+    results: Vec<Validation>,
+    observer: &'a RefCell<&'a mut dyn DistillObserver>,
+}
+
+impl Validator<'_> {
+    fn validate(&mut self, step: usize, llama: &Llama) -> Result<Validation> {
+        let started = Instant::now();
+        let sums: EvalSums = evaluate_batches(llama, &self.batches, self.scores, &self.kd)?;
+        let v = Validation {
+            step,
+            val_loss: sums.ce(),
+            kd_loss: sums.kd(),
+            alpha: sums.kd.acceptance_rate(),
+            top1_agreement: sums.kd.top1_agreement(),
+            tokens: sums.tokens(),
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        if let Some(tb) = self.tb {
+            let mut tb = tb.borrow_mut();
+            tb.scalar("student/val_loss", v.val_loss, step)?;
+            tb.scalar("student/val_distill_loss", v.kd_loss, step)?;
+            tb.scalar("student/val_alpha", v.alpha, step)?;
+            tb.scalar("student/val_top1_agreement", v.top1_agreement, step)?;
+            tb.scalar("time/val", v.seconds, step)?;
+        }
+        self.results.push(v);
+        Ok(v)
+    }
+}
+
+impl StepHook for Validator<'_> {
+    fn after_step(
+        &mut self,
+        step: usize,
+        total: usize,
+        model: &TrainModel,
+    ) -> kd_train::Result<()> {
+        if self.batches.is_empty() {
+            return Ok(());
+        }
+        let due = (self.every > 0 && step.is_multiple_of(self.every)) || step == total;
+        if !due {
+            return Ok(());
+        }
+        let v = self
+            .validate(step, &model.llama.valid())
+            .map_err(TrainError::step)?;
+        self.observer.borrow_mut().on_validation(&v);
+        Ok(())
+    }
+}
+
+/// Forwards training events and writes ROLL's training metrics.
+struct RollMetrics<'a> {
+    inner: &'a RefCell<&'a mut dyn DistillObserver>,
+    tb: Option<&'a RefCell<TensorBoard>>,
+    last_log: Option<LogRecord>,
+    step_started: Instant,
+    step_seconds: f64,
+    steps_in_window: usize,
+    error: Option<PipelineError>,
+}
+
+impl RollMetrics<'_> {
+    fn write(&mut self, r: &LogRecord) -> Result<()> {
+        let Some(tb) = self.tb else {
+            return Ok(());
+        };
+        let mut tb = tb.borrow_mut();
+        let step = r.step;
+        tb.scalar("train/loss", r.loss, step)?;
+        for (k, v) in &r.terms {
+            tb.scalar(&format!("train/{k}"), *v, step)?;
+        }
+        tb.scalar("student/lr", r.learning_rate, step)?;
+        tb.scalar("student/grad_norm", r.grad_norm, step)?;
+        let per_step = self.step_seconds / self.steps_in_window.max(1) as f64;
+        tb.scalar("train/student_train_step", per_step, step)?;
+        tb.scalar("train/step_train", per_step, step)?;
+        tb.scalar("train/tokens_per_second", r.tokens_per_second, step)?;
+        tb.scalar("system/step", step as f64, step)?;
+        Ok(())
+    }
+}
+
+impl TrainObserver for RollMetrics<'_> {
+    fn on_start(&mut self, start: usize, total: usize) {
+        self.step_started = Instant::now();
+        self.inner.borrow_mut().on_start(start, total);
+    }
+    fn on_step(&mut self, step: usize, loss: f64) {
+        // From the end of the previous step (its logging, checkpoint and validation included).
+        self.step_seconds += self.step_started.elapsed().as_secs_f64();
+        self.step_started = Instant::now();
+        self.steps_in_window += 1;
+        self.inner.borrow_mut().on_step(step, loss);
+    }
+    fn on_log(&mut self, record: &LogRecord) {
+        if self.error.is_none()
+            && let Err(e) = self.write(record)
+        {
+            self.error = Some(e);
+        }
+        self.step_seconds = 0.0;
+        self.steps_in_window = 0;
+        self.last_log = Some(record.clone());
+        self.inner.borrow_mut().on_log(record);
+    }
+    fn on_checkpoint(&mut self, path: &Path) {
+        self.inner.borrow_mut().on_checkpoint(path);
+    }
+    fn on_skipped_step(&mut self, step: usize) {
+        self.inner.borrow_mut().on_skipped_step(step);
+    }
+}
+
+/// Runs the pipeline.
+pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result<DistillSummary> {
+    observer.on_phase(DistillPhase::Setup);
+    config.validate()?;
+    let mut warnings = Vec::new();
+    let student_dir = config.student_path()?;
+    let out = &config.output_dir;
+    if config.overwrite_output_dir && config.resume_from_checkpoint == ResumeFrom::No {
+        if out.exists() {
+            kd_pipeline::clear_run(out, &[])?;
+        }
+        if config.track_with == TrackWith::Tensorboard && config.logging_dir.is_dir() {
+            for e in std::fs::read_dir(&config.logging_dir)
+                .map_err(|e| PipelineError::io(&config.logging_dir, e))?
+                .flatten()
+            {
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with("events.out.tfevents.")
+                {
+                    std::fs::remove_file(e.path())
+                        .map_err(|err| PipelineError::io(e.path(), err))?;
+                }
+            }
+        }
+    }
+    if config.resume_from_checkpoint == ResumeFrom::No && !step_checkpoints(out).is_empty() {
+        return Err(PipelineError::OutputDir {
+            path: out.clone(),
+            message: "holds checkpoints of an earlier run; continue it with \
+                      `resume_from_checkpoint=true`, replace it with \
+                      `overwrite_output_dir=true`, or choose another `output_dir`"
+                .into(),
+        });
+    }
+    if let ResumeFrom::Path(p) = &config.resume_from_checkpoint {
+        kd_train::checkpoint::read_state(p).map_err(|_| PipelineError::Checkpoint {
+            path: p.clone(),
+            message: "`resume_from_checkpoint` names no checkpoint: expected a `checkpoint-N` \
+                      directory written by this pipeline (with training_state/)"
+                .into(),
+        })?;
+    }
+    for (what, w) in [("student", &config.student), ("teacher", &config.teacher)] {
+        if w.model_args.dtype != ModelDType::Fp32 {
+            warnings.push(format!(
+                "`{what}.model_args.dtype: {:?}`: the CPU backend computes in f32",
+                w.model_args.dtype
+            ));
+        }
+    }
+    if config.student.use_sequence_packing || config.teacher.use_sequence_packing {
+        warnings.push(
+            "`use_sequence_packing` is ignored: distillation aligns the teacher's scores with one \
+             example per row"
+                .into(),
+        );
+    }
+    let student_device = worker_device(
+        config.student.device_mapping.as_ref(),
+        "student",
+        &mut warnings,
+    )?;
+    let teacher_device = match config.logits_transfer_backend {
+        TransferBackend::IpcNccl => student_device.clone(),
+        TransferBackend::NcclOnly => worker_device(
+            config.teacher.device_mapping.as_ref(),
+            "teacher",
+            &mut warnings,
+        )?,
+        TransferBackend::Ray => Device::flex(),
+    };
+    for w in &warnings {
+        observer.on_warning(w);
+    }
+
+    // Data.
+    let tokenizer = chat_tokenizer(&student_dir, config.student.data_args.template.as_deref())?;
+    let files = config
+        .student
+        .data_args
+        .file_name
+        .as_ref()
+        .map(|f| f.paths())
+        .ok_or_else(|| {
+            PipelineError::Config(
+                "`student.data_args.file_name` is not set: name the question/answer JSON files"
+                    .into(),
+            )
+        })?;
+    let (examples, cut) = read_examples(config, &tokenizer, &files, "student.data_args.file_name")?;
+    let val_files = config
+        .validation
+        .as_ref()
+        .and_then(|v| v.data_args.file_name.as_ref())
+        .or(config.student.data_args.eval_file_name.as_ref())
+        .map(|f| f.paths());
+    let (val_examples, val_cut) = match &val_files {
+        Some(f) => read_examples(config, &tokenizer, f, "validation.data_args.file_name")?,
+        None => (Vec::new(), Truncation::default()),
+    };
+    if cut.examples + val_cut.examples > 0 {
+        let w = format!(
+            "{} examples were cut to `sequence_length` {}",
+            cut.examples + val_cut.examples,
+            config.sequence_length
+        );
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+    if val_examples.is_empty() && config.eval_steps > 0 {
+        let w = "no validation data (`validation.data_args.file_name`): validation is skipped"
+            .to_string();
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+
+    // Models.
+    let student = Llama::load(&student_dir, &student_device)?;
+    let vocab = student.config().vocab_size;
+    let teacher: Box<dyn Teacher> = match (&config.logits_transfer_backend, config.teacher_path()) {
+        (TransferBackend::Ray, local) => {
+            if let Some(dir) = &local
+                && kd_pipeline::models::is_local_model(dir)
+            {
+                let tc = kd_pipeline::models::model_config("teacher", dir)?;
+                check_same_family(student.config(), &tc, &tokenizer, dir)?;
+            }
+            Box::new(RemoteTeacher::new(RemoteConfig {
+                url: config.teacher.url.clone().unwrap_or_default(),
+                vocab_size: Some(vocab),
+                ..RemoteConfig::default()
+            })?)
+        }
+        (_, None) => {
+            return Err(PipelineError::Config(
+                "no teacher model: set `teacher_pretrain` (or \
+                 `teacher.model_args.model_name_or_path`), or a teacher server with \
+                 `logits_transfer_backend: ray` and `teacher.url`"
+                    .into(),
+            ));
+        }
+        (_, Some(dir)) => {
+            let model = Llama::load_for_inference(&dir, &teacher_device)?;
+            check_same_family(student.config(), model.config(), &tokenizer, &dir)?;
+            Box::new(LocalTeacher::new(
+                model,
+                config.teacher.infer_batch_size,
+                model_fingerprint(&dir)?,
+            ))
+        }
+    };
+
+    // The teacher's scores (cached: a resumed or repeated run does not score twice).
+    observer.on_phase(DistillPhase::Score);
+    let started = Instant::now();
+    let top_k = if config.logits_topk == 0 {
+        vocab
+    } else {
+        config.logits_topk.min(vocab)
+    };
+    let cache = out.join("teacher_cache");
+    let shard = config.teacher.infer_batch_size;
+    let total = examples.len() + val_examples.len();
+    let mut scored = 0;
+    let scores = score_all(
+        teacher.as_ref(),
+        &examples,
+        top_k,
+        &cache.join("train"),
+        shard,
+        &mut scored,
+        |d, _| observer.on_score_progress(d, total),
+    )?;
+    let val_scores = if val_examples.is_empty() {
+        Vec::new()
+    } else {
+        let n = examples.len();
+        score_all(
+            teacher.as_ref(),
+            &val_examples,
+            top_k,
+            &cache.join("validation"),
+            shard,
+            &mut scored,
+            |d, _| observer.on_score_progress(n + d, total),
+        )?
+    };
+    let teacher_seconds = started.elapsed().as_secs_f64();
+
+    // The student: LoRA (fresh or from an adapter) or full fine-tuning.
+    let llama = match (
+        &config.student.model_args.adapter_name_or_path,
+        lora_config(config),
+    ) {
+        (Some(dir), _) => student.clone().load_adapter(dir)?.0,
+        (None, Some(l)) => student.clone().apply_lora_seeded(&l, config.seed)?,
+        (None, None) => student.clone(),
+    };
+    let mut tconfig = train_config(config);
+    if config.student.model_args.adapter_name_or_path.is_some() {
+        tconfig.mode = TrainMode::Lora;
+    }
+    let files = ModelFiles {
+        base_model: student_dir.display().to_string(),
+        tokenizer_dir: Some(student_dir.clone()),
+    };
+
+    // Training with validation.
+    observer.on_phase(DistillPhase::Train);
+    let tensorboard = config.track_with == TrackWith::Tensorboard;
+    let tb = if tensorboard {
+        let mut tb = TensorBoard::create(&config.logging_dir)?;
+        tb.scalar("train/teacher_forward", teacher_seconds, 0)?;
+        Some(RefCell::new(tb))
+    } else {
+        None
+    };
+    let kd = config.kd_config();
+    let val_batches: Vec<Batch> = if val_examples.is_empty() {
+        Vec::new()
+    } else {
+        let lengths: Vec<usize> = val_examples.iter().map(Example::len).collect();
+        let plan = plan_batches(
+            &lengths,
+            &BatchOptions {
+                batch_size: config.student.infer_batch_size,
+                bucket_by_length: true,
+                shuffle: false,
+                seed: config.seed,
+                ..BatchOptions::default()
+            },
+            0,
+        );
+        plan.iter()
+            .map(|rows| collate(&val_examples, rows, student.pad_id(), usize::MAX))
+            .collect()
+    };
+    let loss = DistillLoss {
+        distill_loss_weight: config.distill_loss_weight,
+        kd,
+        scores: &scores,
+    };
+    let shared: RefCell<&mut dyn DistillObserver> = RefCell::new(observer);
+    let mut metrics = RollMetrics {
+        inner: &shared,
+        tb: tb.as_ref(),
+        last_log: None,
+        step_started: Instant::now(),
+        step_seconds: 0.0,
+        steps_in_window: 0,
+        error: None,
+    };
+    let mut validator = Validator {
+        batches: val_batches,
+        scores: &val_scores,
+        kd,
+        every: config.eval_steps,
+        tb: tb.as_ref(),
+        results: Vec::new(),
+        observer: &shared,
+    };
+    if config.resume_from_checkpoint == ResumeFrom::No && !validator.batches.is_empty() {
+        let v = validator.validate(0, &llama)?;
+        shared.borrow_mut().on_validation(&v);
+    }
+    let mut on_policy = OnPolicyData::new(OnPolicy {
+        config: OnPolicyConfig {
+            ratio: config.on_policy_ratio,
+            temperature: config.on_policy_temperature,
+            top_p: config.on_policy_top_p,
+            top_k: 0,
+            max_new_tokens: config.on_policy_max_new_tokens,
+            max_seq_length: config.sequence_length,
+            match_length: config.on_policy_match_length,
+            teacher_top_k: top_k,
+            kd,
+            kd_weight: config.distill_loss_weight,
+        },
+        teacher: teacher.as_ref(),
+    })?;
+    let (_, train_summary) = Trainer::new(tconfig, &loss)
+        .observer(&mut metrics)
+        .hook(&mut validator)
+        .step_data(&mut on_policy)
+        .run(TrainModel::new(llama).with_files(files), &examples)?;
+    let on_policy = on_policy.totals().cloned();
+    if let Some(e) = metrics.error.take() {
+        return Err(e);
+    }
+    let train_tokens = examples
+        .iter()
+        .map(|e| e.labels.iter().skip(1).filter(|l| **l >= 0).count())
+        .sum();
+    Ok(DistillSummary {
+        output_dir: out.clone(),
+        logging_dir: config.logging_dir.clone(),
+        examples: (examples.len(), val_examples.len()),
+        train_tokens,
+        teacher_seconds,
+        scored_sequences: scored,
+        train: train_summary,
+        on_policy,
+        last_log: metrics.last_log.take(),
+        validations: validator.results,
+        warnings,
+    })
+}

@@ -1,0 +1,38 @@
+//! Where a model path's configuration and tokenizer come from: a Hugging Face directory
+//! (`config.json`, `tokenizer.json`) or a llama.cpp `.gguf` file (the file, or a directory
+//! holding one), so that every command takes either.
+
+use std::path::Path;
+
+use kd_model::LlamaConfig;
+
+use crate::error::{PipelineError, Result};
+
+/// Whether `path` is a local model: a Hugging Face directory with `config.json`, a `.gguf`
+/// file, or a directory holding one `.gguf` file.
+pub fn is_local_model(path: &Path) -> bool {
+    path.join("config.json").is_file()
+        || matches!(kd_gguf::locate(path, "config.json"), Ok(Some(_)))
+}
+
+/// Whether `path` carries a tokenizer (`tokenizer.json`, or GGUF metadata).
+pub fn has_tokenizer(path: &Path) -> bool {
+    path.join("tokenizer.json").is_file()
+        || matches!(kd_gguf::locate(path, "tokenizer.json"), Ok(Some(_)))
+}
+
+/// The configuration of a local model; `flag` names the option in the error.
+pub fn model_config(flag: &str, path: &Path) -> Result<LlamaConfig> {
+    if path.join("config.json").is_file() {
+        return Ok(LlamaConfig::from_file(path.join("config.json"))?);
+    }
+    match kd_gguf::locate(path, "config.json") {
+        Ok(Some(file)) => Ok(LlamaConfig::from_gguf(file)?),
+        Ok(None) => Err(PipelineError::Config(format!(
+            "--{flag} {}: not a model (no config.json there, and not a .gguf file); pass a \
+             local Hugging Face model directory or a llama.cpp .gguf file",
+            path.display()
+        ))),
+        Err(e) => Err(PipelineError::Config(format!("--{flag}: {e}"))),
+    }
+}

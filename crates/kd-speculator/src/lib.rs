@@ -1,0 +1,56 @@
+//! The speculator pipeline: a target model generates completions for the
+//! prompts of `data_dir/*/batch_input.jsonl`; a draft model with LoRA adapters learns them
+//! (cross-entropy on the completion tokens, optionally the hidden-state MSE through a learned
+//! projection and a top-k KD term); checkpoints in PEFT layout; acceptance of the draft
+//! before and after training measured by real speculative decoding on held-out prompts.
+//!
+//! ```no_run
+//! use kd_speculator::{Quiet, SpeculatorConfig, run};
+//!
+//! # fn main() -> kd_speculator::Result<()> {
+//! let config = SpeculatorConfig {
+//!     target_model: "models/Llama-3.1-8B-Instruct".into(),
+//!     draft_model: "models/Llama-3.2-1B-Instruct".into(),
+//!     data_dir: "data/sft_llama".into(),
+//!     ..SpeculatorConfig::default()
+//! };
+//! let summary = run(&config, &mut Quiet)?;
+//! if let Some(a) = &summary.acceptance {
+//!     let (before, after) = (a.before.as_ref().unwrap(), a.after.as_ref().unwrap());
+//!     println!("{:.2} → {:.2}", before.mean_accepted_length, after.mean_accepted_length);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod acceptance;
+mod config;
+mod data;
+mod error;
+mod loss;
+mod observe;
+mod run;
+mod setup;
+mod tools;
+
+pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance};
+pub use config::{SpeculatorConfig, default_draft_devices, default_target_devices};
+pub use data::{Examples, PromptSet, build_examples, eval_count, load_prompts};
+pub use error::{PipelineError, Result};
+pub use loss::{SpeculatorLoss, TeacherTargets};
+pub use observe::{Phase, Quiet, SpeculatorObserver};
+pub use run::{
+    SpeculatorSummary, eval_options, generation_params, lora_config, on_policy_config, run,
+    train_config,
+};
+pub use setup::{
+    ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, TEACHER_CACHE_DIR, check_output_dir,
+    check_vocabularies, setup, teacher_cache_dir,
+};
+pub use tools::{
+    EvalConfig, KeepLayers, Plan, ServeTeacherConfig, adapter_base, derive_draft, eval, merge,
+    plan, serve_teacher,
+};

@@ -1,0 +1,575 @@
+//! The speculator pipeline end to end: prompts → the target's completions (resumable cache)
+//! → the draft's LoRA training → acceptance of the draft before and after, by real
+//! speculative decoding on held-out prompts.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kd_eval::{EvalOptions, SpecConfig, evaluate};
+use kd_lora::{LoraConfig, TargetModules, derive_seed};
+use kd_loss::HiddenProjection;
+use kd_model::{Llama, Sampling};
+use kd_teacher::{
+    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, Prompt,
+    RemoteConfig, RemoteTeacher, ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest,
+    ScoreOptions, Scores, Teacher, model_fingerprint, prompts_hash, sequences_hash, template_hash,
+};
+
+use crate::acceptance::{
+    AcceptanceFile, CheckpointAcceptance, CheckpointEval, TrainingWatcher, log_acceptance,
+    read_acceptance, write_acceptance, write_best,
+};
+use crate::config::SpeculatorConfig;
+use crate::data::{Examples, build_examples};
+use crate::error::{PipelineError, Result};
+use crate::loss::{SpeculatorLoss, TeacherTargets};
+use crate::observe::{Phase, SpeculatorObserver};
+use crate::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup, teacher_cache_dir};
+use kd_pipeline::on_policy::{OnPolicy, OnPolicyConfig};
+use kd_pipeline::on_policy::{OnPolicyData, OnPolicyTotals};
+use kd_train::metrics::{LogRecord, TensorBoard};
+use kd_train::{ModelFiles, TrainModel, TrainSummary, Trainer};
+use kd_train::{TrainConfig, TrainMode};
+
+/// How a run went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculatorSummary {
+    /// Where everything was written.
+    pub output_dir: PathBuf,
+    /// Prompts read, used for training, held out.
+    pub prompts: (usize, usize, usize),
+    /// Tokens the target generated (cached shards included).
+    pub generated_tokens: usize,
+    /// Completions the target returned empty (not trained on).
+    pub empty_completions: usize,
+    /// Label tokens trained on per epoch.
+    pub trained_tokens_per_epoch: usize,
+    /// Wall time of each phase.
+    pub phase_seconds: Vec<(Phase, f64)>,
+    /// The trainer's summary.
+    pub train: TrainSummary,
+    /// What the on-policy rows cost (runs with on-policy rows only).
+    pub on_policy: Option<OnPolicyTotals>,
+    /// The last logged losses.
+    pub last_log: Option<LogRecord>,
+    /// Acceptance before and after training (absent when the target is remote only or no
+    /// prompt is held out).
+    pub acceptance: Option<AcceptanceFile>,
+    /// `acceptance.json`, when written.
+    pub acceptance_path: Option<PathBuf>,
+    /// Non-fatal problems met on the way.
+    pub warnings: Vec<String>,
+}
+
+/// The teacher of a run.
+enum TeacherBackend {
+    Local(Box<LocalTeacher>),
+    Replicated(ReplicatedTeacher<LocalTeacher>),
+    Remote(Box<RemoteTeacher>, Option<Box<Llama>>),
+}
+
+impl TeacherBackend {
+    fn teacher(&self) -> &dyn Teacher {
+        match self {
+            Self::Local(t) => t.as_ref(),
+            Self::Replicated(t) => t,
+            Self::Remote(t, _) => t.as_ref(),
+        }
+    }
+
+    /// The target's weights here, for speculative decoding.
+    fn target(&self) -> Option<&Llama> {
+        match self {
+            Self::Local(t) => Some(t.model()),
+            Self::Replicated(t) => Some(t.replicas()[0].model()),
+            Self::Remote(_, m) => m.as_deref(),
+        }
+    }
+}
+
+fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBackend> {
+    let dir = &config.target_model;
+    if let Some(url) = &config.teacher_url {
+        let remote = RemoteTeacher::new(RemoteConfig {
+            url: url.clone(),
+            api: config.teacher_api,
+            model: config.teacher_model_name.clone(),
+            vocab_size: Some(setup.draft_config.vocab_size),
+            max_concurrency: config.teacher_max_concurrency,
+            request_timeout_s: config.teacher_timeout_s,
+            max_retries: config.teacher_max_retries,
+            fingerprint: setup
+                .target_config
+                .as_ref()
+                .map(|_| model_fingerprint(dir))
+                .transpose()?,
+            ..RemoteConfig::default()
+        })?;
+        let local = match &setup.target_config {
+            Some(_) => Some(Box::new(Llama::load_for_inference(
+                dir,
+                &setup.target_devices[0],
+            )?)),
+            None => None,
+        };
+        return Ok(TeacherBackend::Remote(Box::new(remote), local));
+    }
+    let fingerprint = model_fingerprint(dir)?;
+    let mut replicas = Vec::with_capacity(setup.target_devices.len());
+    for device in &setup.target_devices {
+        let model = Llama::load_for_inference(dir, device)?;
+        replicas.push(LocalTeacher::new(
+            model,
+            config.batch_size,
+            fingerprint.clone(),
+        ));
+    }
+    Ok(if replicas.len() == 1 {
+        TeacherBackend::Local(Box::new(replicas.pop().expect("one replica")))
+    } else {
+        TeacherBackend::Replicated(ReplicatedTeacher::new(replicas)?)
+    })
+}
+
+/// The target's sampling parameters of a run.
+pub fn generation_params(config: &SpeculatorConfig) -> SamplingParams {
+    SamplingParams {
+        max_new_tokens: config.max_new_tokens,
+        temperature: config.generation_temperature,
+        top_k: config.generation_top_k,
+        top_p: config.generation_top_p,
+        seed: config.seed,
+        ..SamplingParams::default()
+    }
+}
+
+/// The acceptance measurement of a run.
+pub fn eval_options(config: &SpeculatorConfig) -> EvalOptions {
+    EvalOptions {
+        spec: SpecConfig {
+            k: config.eval_k,
+            max_new_tokens: config.eval_max_new_tokens,
+            sampling: Sampling::temperature(config.eval_temperature),
+            stop_token_ids: Vec::new(),
+        },
+        batch_size: config.eval_batch_size,
+        seed: config.seed,
+        baselines: true,
+        cost_ratio: None,
+    }
+}
+
+/// The LoRA settings of a run.
+pub fn lora_config(config: &SpeculatorConfig) -> LoraConfig {
+    LoraConfig {
+        r: config.lora_r,
+        alpha: config.lora_alpha,
+        dropout: config.lora_dropout,
+        target_modules: TargetModules::Names(config.lora_target_modules.clone()),
+        use_rslora: false,
+    }
+}
+
+/// The trainer's settings of a run.
+pub fn train_config(config: &SpeculatorConfig) -> TrainConfig {
+    TrainConfig {
+        output_dir: config.output_dir.clone(),
+        mode: TrainMode::Lora,
+        num_epochs: config.num_epochs,
+        learning_rate: config.learning_rate,
+        warmup_ratio: config.warmup_ratio,
+        scheduler_type: config.scheduler_type,
+        weight_decay: config.weight_decay,
+        max_grad_norm: config.max_grad_norm,
+        train_batch_size: config.train_batch_size,
+        gradient_accumulation_steps: config.gradient_accumulation_steps,
+        save_steps: config.save_steps,
+        save_total_limit: Some(config.save_total_limit),
+        save_epoch_checkpoints: true,
+        logging_steps: config.logging_steps,
+        seed: config.seed,
+        resume_from_checkpoint: config.resume_from_checkpoint.clone(),
+        ..TrainConfig::default()
+    }
+}
+
+/// The on-policy settings of a run (λ = 0: none).
+pub fn on_policy_config(config: &SpeculatorConfig) -> OnPolicyConfig {
+    OnPolicyConfig {
+        ratio: config.on_policy_ratio,
+        temperature: config.on_policy_temperature,
+        top_p: config.on_policy_top_p,
+        top_k: 0,
+        max_new_tokens: config.on_policy_max_new_tokens(),
+        max_seq_length: config.max_seq_length,
+        match_length: config.on_policy_match_length,
+        teacher_top_k: config.kd_topk,
+        kd: SpeculatorLoss::kd_config(config.kd_objective(), config.temperature, config.kd_topk),
+        kd_weight: config.kd_weight,
+    }
+}
+
+/// Runs the pipeline.
+pub fn run(
+    config: &SpeculatorConfig,
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<SpeculatorSummary> {
+    let mut timer = PhaseTimer::new();
+    observer.on_phase(Phase::Setup);
+    let setup = setup(config)?;
+    let mut warnings = setup.warnings.clone();
+    for w in &warnings {
+        observer.on_warning(w);
+    }
+    let out = &config.output_dir;
+    if config.overwrite_output_dir && out.exists() {
+        clear_run(out)?;
+    }
+    std::fs::create_dir_all(out).map_err(|e| PipelineError::io(out, e))?;
+    let text = serde_json::to_string_pretty(config).expect("the configuration serialises");
+    kd_model::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;
+    let teacher = load_teacher(config, &setup)?;
+    let draft_base = Llama::load(&config.draft_model, &setup.draft_device)?;
+    if let Some(target) = teacher.target() {
+        kd_eval::check_pair(target, &draft_base)?;
+    }
+    timer.end(Phase::Setup);
+
+    // The target's completions of the training prompts.
+    observer.on_phase(Phase::Generate);
+    // Longest prompts first: a shard is one teacher batch, and similar lengths together waste
+    // less on padding. The generations go back to prompt order below.
+    let train_prompts = setup.prompts.train_prompts();
+    let mut order: Vec<usize> = (0..train_prompts.len()).collect();
+    order.sort_by_key(|i| std::cmp::Reverse(train_prompts[*i].ids.len()));
+    let prompts: Vec<Prompt> = order.iter().map(|i| train_prompts[*i].clone()).collect();
+    let cache_dir = teacher_cache_dir(config);
+    let params = generation_params(config);
+    let shard = config.batch_size * setup.target_devices.len().max(1);
+    let gen_cache = GenerationCache::open(
+        &cache_dir.join("generations"),
+        CacheManifest {
+            version: 1,
+            teacher: teacher.teacher().fingerprint(),
+            template: template_hash(setup.tokenizer.template().map(|t| t.source())),
+            sampling: params,
+            prompts: prompts_hash(&prompts),
+            count: prompts.len(),
+            shard_size: shard,
+        },
+    )?;
+    let total = prompts.len();
+    let by_length = gen_cache.generate(teacher.teacher(), &prompts, |p| {
+        observer.on_teacher_progress(Phase::Generate, &p, total);
+    })?;
+    let mut generations = vec![None; by_length.len()];
+    for (i, g) in order.iter().zip(by_length) {
+        generations[*i] = Some(g);
+    }
+    let generations: Vec<Generation> = generations
+        .into_iter()
+        .map(|g| g.expect("every prompt was generated"))
+        .collect();
+    let generated_tokens = generations.iter().map(|g| g.ids.len()).sum();
+    let examples = build_examples(&setup.prompts, &generations, config.max_seq_length);
+    if examples.examples.is_empty() {
+        return Err(PipelineError::Config(format!(
+            "the target returned {} empty completions and nothing else: there is nothing to \
+             train on (check the teacher server's API and stop tokens)",
+            examples.empty
+        )));
+    }
+    if examples.empty > 0 {
+        let w = format!(
+            "{} of {} completions came back empty and are not trained on",
+            examples.empty,
+            generations.len()
+        );
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+    if examples.truncation.examples > 0 {
+        let t = &examples.truncation;
+        let w = format!(
+            "{} examples were cut to --max_seq_length {} ({} prompt and {} completion tokens \
+             removed)",
+            t.examples, config.max_seq_length, t.prompt_tokens, t.completion_tokens
+        );
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+    timer.end(Phase::Generate);
+
+    // The target's hidden states and top-k log-probs, when a loss term of the off-policy rows
+    // needs them.
+    let scores = if config.use_distillation || off_policy_kd(config) {
+        observer.on_phase(Phase::Score);
+        let s = score(config, &setup, &teacher, &examples, &generations, observer)?;
+        timer.end(Phase::Score);
+        Some(s)
+    } else {
+        None
+    };
+
+    // The draft: LoRA (fresh or warm-started), and the projection for hidden-state MSE.
+    let draft = match &config.init_adapter {
+        Some(dir) => draft_base.clone().load_adapter(dir)?.0,
+        None => draft_base
+            .clone()
+            .apply_lora_seeded(&lora_config(config), config.seed)?,
+    };
+    let projection = match (&scores, config.use_distillation) {
+        (Some(s), true) => {
+            let dt = s
+                .first()
+                .and_then(|s| s.hidden_states.first())
+                .map(|h| h.dim)
+                .unwrap_or(0);
+            let ds = draft.config().hidden_size;
+            (ds != dt).then(|| {
+                setup.draft_device.seed(derive_seed(config.seed, &[0x9A0]));
+                HiddenProjection::new(ds, dt, &setup.draft_device)
+            })
+        }
+        _ => None,
+    };
+
+    // Acceptance before training.
+    let eval_ids = setup.prompts.eval_ids();
+    let options = eval_options(config);
+    let mut acceptance =
+        teacher
+            .target()
+            .filter(|_| !eval_ids.is_empty())
+            .map(|_| AcceptanceFile {
+                options: options.clone(),
+                prompts: eval_ids.len(),
+                prompts_hash: sequences_hash(&eval_ids),
+                before: None,
+                after: None,
+                checkpoints: Vec::new(),
+                best_checkpoint: None,
+            });
+    let acceptance_path = out.join(ACCEPTANCE_FILE);
+    if eval_ids.is_empty() {
+        let w = "no prompt is held out (--eval_fraction 0): acceptance is not measured".to_string();
+        observer.on_warning(&w);
+        warnings.push(w);
+    }
+    let mut tb = TensorBoard::create(&out.join("runs"))?;
+    if let (Some(file), Some(target)) = (acceptance.as_mut(), teacher.target()) {
+        observer.on_phase(Phase::EvalBefore);
+        let previous = read_acceptance(&acceptance_path)
+            .filter(|p| p.options == file.options && p.prompts_hash == file.prompts_hash);
+        let before = match previous.and_then(|p| p.before) {
+            Some(before) => before,
+            None => {
+                let merged = draft.clone().merge_and_unload();
+                evaluate(target, &merged, &eval_ids, &options, |phase, d, t| {
+                    observer.on_eval_progress(phase, d, t)
+                })?
+            }
+        };
+        observer.on_acceptance("before", &before);
+        log_acceptance(&mut tb, &before, 0)?;
+        file.before = Some(before);
+        write_acceptance(&acceptance_path, file)?;
+        timer.end(Phase::EvalBefore);
+    }
+
+    // Training.
+    observer.on_phase(Phase::Train);
+    let files = ModelFiles {
+        base_model: config.draft_model.display().to_string(),
+        tokenizer_dir: Some(config.draft_model.clone()),
+    };
+    let loss = SpeculatorLoss {
+        ce_weight: config.ce_weight,
+        distillation_weight: if config.use_distillation {
+            config.distillation_weight
+        } else {
+            0.0
+        },
+        draft_layer: config
+            .distill_draft_layer
+            .unwrap_or(draft.config().num_hidden_layers),
+        kd_weight: config.kd_weight,
+        kd: SpeculatorLoss::kd_config(config.kd_objective(), config.temperature, config.kd_topk),
+        teacher: scores.as_deref().map(|s| TeacherTargets {
+            scores: s,
+            offsets: &examples.offsets,
+        }),
+    };
+    let mut wrapper = TrainingWatcher {
+        inner: observer,
+        last_log: None,
+        eval: acceptance
+            .as_ref()
+            .and_then(|_| teacher.target())
+            .map(|target| CheckpointEval {
+                target,
+                base: &draft_base,
+                prompts: &eval_ids,
+                options: &options,
+                every: config.eval_steps,
+                last_step: 0,
+                results: Vec::new(),
+                error: None,
+            }),
+    };
+    let mut on_policy = OnPolicyData::new(OnPolicy {
+        config: on_policy_config(config),
+        teacher: teacher.teacher(),
+    })?;
+    let model = TrainModel::new(draft)
+        .with_projection(projection)
+        .with_files(files);
+    let (trained, train_summary) = Trainer::new(train_config(config), &loss)
+        .observer(&mut wrapper)
+        .step_data(&mut on_policy)
+        .run(model, &examples.examples)?;
+    let on_policy = on_policy.totals().cloned();
+    let last_log = wrapper.last_log.take();
+    let checkpoint_results = match wrapper.eval.take() {
+        Some(CheckpointEval { error: Some(e), .. }) => return Err(e),
+        Some(e) => e.results,
+        None => Vec::new(),
+    };
+    let observer = wrapper.inner;
+    timer.end(Phase::Train);
+
+    // Acceptance after training.
+    if let (Some(file), Some(target)) = (acceptance.as_mut(), teacher.target()) {
+        observer.on_phase(Phase::EvalAfter);
+        let merged = trained.llama.clone().merge_and_unload();
+        let after = evaluate(target, &merged, &eval_ids, &options, |phase, d, t| {
+            observer.on_eval_progress(phase, d, t)
+        })?;
+        observer.on_acceptance("after", &after);
+        log_acceptance(&mut tb, &after, train_summary.global_step)?;
+        for c in &checkpoint_results {
+            log_acceptance(&mut tb, &c.report, c.step)?;
+        }
+        // The last checkpoint holds the trained draft: it competes for the best too.
+        let mut checkpoint_results = checkpoint_results;
+        if let Some(last) = train_summary.checkpoints.last()
+            && !checkpoint_results.iter().any(|c| &c.checkpoint == last)
+        {
+            checkpoint_results.push(CheckpointAcceptance {
+                checkpoint: last.clone(),
+                step: train_summary.global_step,
+                report: after.clone(),
+            });
+        }
+        file.after = Some(after);
+        file.checkpoints = checkpoint_results;
+        file.best_checkpoint = file
+            .checkpoints
+            .iter()
+            .max_by(|a, b| {
+                a.report
+                    .mean_accepted_length
+                    .total_cmp(&b.report.mean_accepted_length)
+            })
+            .map(|c| c.checkpoint.clone());
+        write_acceptance(&acceptance_path, file)?;
+        write_best(out, train_summary.checkpoints.last(), file)?;
+        timer.end(Phase::EvalAfter);
+    }
+
+    Ok(SpeculatorSummary {
+        output_dir: out.clone(),
+        prompts: (
+            setup.prompts.records.len(),
+            setup.prompts.train.len(),
+            setup.prompts.eval.len(),
+        ),
+        generated_tokens,
+        empty_completions: examples.empty,
+        trained_tokens_per_epoch: examples
+            .examples
+            .iter()
+            .map(|e| e.labels.iter().skip(1).filter(|l| **l >= 0).count())
+            .sum(),
+        phase_seconds: timer.phases,
+        train: train_summary,
+        on_policy,
+        last_log,
+        acceptance_path: acceptance.as_ref().map(|_| acceptance_path.clone()),
+        acceptance,
+        warnings,
+    })
+}
+
+/// The target's scores of every training example's prompt + completion, through the score
+/// cache.
+fn score(
+    config: &SpeculatorConfig,
+    setup: &Setup,
+    teacher: &TeacherBackend,
+    examples: &Examples,
+    generations: &[Generation],
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<Vec<Scores>> {
+    let sequences: Vec<Vec<u32>> = examples
+        .source
+        .iter()
+        .map(|k| {
+            let prompt = &setup.prompts.ids[setup.prompts.train[*k]];
+            prompt.iter().chain(&generations[*k].ids).copied().collect()
+        })
+        .collect();
+    let options = ScoreOptions {
+        top_k: if off_policy_kd(config) {
+            config.kd_topk
+        } else {
+            1
+        },
+        hidden_layers: if config.use_distillation {
+            vec![config.distill_target_layer.unwrap_or(LAST_HIDDEN_LAYER)]
+        } else {
+            Vec::new()
+        },
+    };
+    let cache = ScoreCache::open(
+        &teacher_cache_dir(config).join("scores"),
+        ScoreCacheManifest {
+            version: 1,
+            teacher: teacher.teacher().fingerprint(),
+            options,
+            sequences: sequences_hash(&sequences),
+            count: sequences.len(),
+            shard_size: config.batch_size * setup.target_devices.len().max(1),
+        },
+    )?;
+    let total = sequences.len();
+    Ok(cache.score(teacher.teacher(), &sequences, |p| {
+        observer.on_teacher_progress(Phase::Score, &p, total)
+    })?)
+}
+
+/// Whether the off-policy rows have a KD term (they need the target's top-k).
+fn off_policy_kd(config: &SpeculatorConfig) -> bool {
+    config.kd_weight > 0.0 && config.on_policy_ratio < 1.0
+}
+
+struct PhaseTimer {
+    phases: Vec<(Phase, f64)>,
+    since: Instant,
+}
+
+impl PhaseTimer {
+    fn new() -> Self {
+        Self {
+            phases: Vec::new(),
+            since: Instant::now(),
+        }
+    }
+
+    /// Records the time since the previous phase ended (or the run started).
+    fn end(&mut self, phase: Phase) {
+        self.phases
+            .push((phase, self.since.elapsed().as_secs_f64()));
+        self.since = Instant::now();
+    }
+}
