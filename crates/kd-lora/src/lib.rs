@@ -5,6 +5,7 @@
 //!
 //! Applying adapters to a model, merging and exporting live in `kd-model`.
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod config;
 mod dropout;

@@ -14,6 +14,7 @@
 //!   of what determines them; an interrupted run resumes without losing or repeating a
 //!   prompt, a mismatching cache is refused with the differences.
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod cache;
 mod error;

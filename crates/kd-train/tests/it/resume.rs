@@ -30,17 +30,10 @@ impl TrainObserver for SlowAfterFirstCheckpoint {
     }
 }
 
-/// The child's side: trains into the directory named by the environment (only when run by
-/// the parent test).
-#[test]
-#[ignore = "run by exact_resume_after_sigkill in a child process"]
-fn resume_child() {
-    // Not a test of its own: without the variable there is nothing to do, and passing would
-    // claim a check that did not run.
-    let dir = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
-        panic!("resume_child is the child process of exact_resume_after_sigkill (which sets {CHILD_ENV}): run that test instead")
-    });
-    let cfg = config(Path::new(&dir));
+/// The child's side: trains into `dir`, slowly after its first checkpoint (the parent kills
+/// it there).
+fn resume_child(dir: &str) {
+    let cfg = config(Path::new(dir));
     train(
         &cfg,
         &run_info(),
@@ -54,6 +47,10 @@ fn resume_child() {
 
 #[test]
 fn exact_resume_after_sigkill() {
+    // Started again by itself as the child (the variable names its directory).
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        return resume_child(&dir);
+    }
     let examples = examples(16);
     let loss = CausalLmLoss { weight: 1.0 };
     // The reference: never interrupted.
@@ -73,8 +70,7 @@ fn exact_resume_after_sigkill() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "resume::resume_child",
-            "--ignored",
+            "resume::exact_resume_after_sigkill",
             "--nocapture",
         ])
         .env(CHILD_ENV, killed.path())
