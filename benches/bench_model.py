@@ -1,4 +1,4 @@
-"""The bench model of reference/benchmarks.md ("bench-155m"), shared by the PyTorch scripts:
+"""The bench model of docs/src/benchmarks.md ("bench-155m"), shared by the PyTorch scripts:
 vocab 128256, hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1408, theta 500000,
 max position 2048, untied embeddings, eps 1e-5; and the seed's Llama-3.2-1B shape ("seed-1b",
 fixtures/configs/llama-3.2-1b-instruct.json)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""transformers side of the generation benchmark (reference/benchmarks.md): bench-155m,
+"""transformers side of the generation benchmark (docs/src/benchmarks.md): bench-155m,
 random init, batch 8 prompts x 32 random tokens, 64 new tokens, greedy, KV cache; prints
 generated tokens/s (median of --repeats after one warm-up).
 

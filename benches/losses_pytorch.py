@@ -2,7 +2,7 @@
 """PyTorch (CPU, eager, float32) side of the kd-loss benchmark.
 
 Each objective is written the way a strong PyTorch user writes it (the definitions are
-reference/losses.md, full-vocabulary mode): the teacher side under torch.no_grad(), one
+docs/src/loss-contract.md, full-vocabulary mode): the teacher side under torch.no_grad(), one
 normalisation per side (log_softmax, and .exp() of it where the probabilities are needed
 too; a plain softmax where a side needs only probabilities), no Python loops, no second
 softmax, no needless copies or casts, and the row mask applied to the [N] per-row losses by

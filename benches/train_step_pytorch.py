@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch + PEFT side of the LoRA train-step benchmark (reference/benchmarks.md): bench-155m
+"""PyTorch + PEFT side of the LoRA train-step benchmark (docs/src/benchmarks.md): bench-155m
 (vocab 128256, hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1408, theta 500000,
 untied, eps 1e-5), random init, batch 4 x seq 256 random ids (labels = ids), LoRA r16 alpha32
 dropout 0 on q,k,v,o,gate,up,down, AdamW lr 2e-4 wd 0.01 eps 1e-8, clip 1.0; 3 warm-up + 10

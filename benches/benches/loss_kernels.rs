@@ -1,5 +1,5 @@
 //! Criterion benchmark of the fused loss kernels: forward + backward w.r.t. the student
-//! logits through autodiff, N = 1024 × V = 128256 f32 (`reference/benchmarks.md`).
+//! logits through autodiff, N = 1024 × V = 128256 f32 (`docs/src/benchmarks.md`).
 //! For memory figures and the PyTorch column, run the `loss_figures` binary.
 //!
 //! `cargo bench -p kd-benches --bench loss_kernels`

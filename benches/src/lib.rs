@@ -18,7 +18,7 @@ pub fn print_machine() -> anyhow::Result<()> {
 }
 
 /// A command running a PyTorch twin: `OMP_WAIT_POLICY=PASSIVE` (PyTorch's 2-thread runs
-/// collapse under any other load without it, `reference/benchmarks.md`) and, when `KD_SIMD`
+/// collapse under any other load without it, `docs/src/benchmarks.md`) and, when `KD_SIMD`
 /// caps our kernels below the CPU's best, the same cap on PyTorch's side
 /// (`ATEN_CPU_CAPABILITY`, `MKL_ENABLE_INSTRUCTIONS`, `ONEDNN_MAX_CPU_ISA`), so that both
 /// sides of a comparison run the same instruction set: an AVX-512 machine stands in for an
@@ -163,7 +163,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 /// The model shapes the benches run (random weights).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
-    /// bench-155m of `reference/benchmarks.md`.
+    /// bench-155m of `docs/src/benchmarks.md`.
     #[value(name = "bench-155m")]
     Bench155m,
     /// Llama-3.2-1B's configuration (`fixtures/configs/llama-3.2-1b-instruct.json`), the

@@ -1,4 +1,4 @@
-//! One distill step on the bench model (`reference/benchmarks.md`: bench-155m, batch 4 × seq
+//! One distill step on the bench model (`docs/src/benchmarks.md`: bench-155m, batch 4 × seq
 //! 256 random ids; LoRA r16 α32 dropout 0 on the seven projections, AdamW lr 2e-4 wd 0.01,
 //! clip 1.0) with a teacher of the same shape (its own random weights): the teacher's forward
 //! and top-64 log-probs (no gradient), the student's forward, `0.5·CE + 0.5·forward KL` over the

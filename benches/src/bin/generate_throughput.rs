@@ -1,4 +1,4 @@
-//! Greedy generation throughput on the bench model (`reference/benchmarks.md`: bench-155m,
+//! Greedy generation throughput on the bench model (`docs/src/benchmarks.md`: bench-155m,
 //! batch 8 prompts × 32 tokens, 64 new tokens with the KV cache), in generated tokens/s,
 //! beside transformers' `generate` on the same workload (`benches/generate_pytorch.py`).
 //!

@@ -1,5 +1,5 @@
 //! Loss-kernel figures beside PyTorch: for each objective, forward + backward w.r.t. the
-//! student logits at N = 1024 × V = 128256 f32 (`reference/benchmarks.md`), the median of the
+//! student logits at N = 1024 × V = 128256 f32 (`docs/src/benchmarks.md`), the median of the
 //! timed calls (3 after 1 warm-up by default) and the peak extra memory (beyond the inputs,
 //! gradient included), each objective in a fresh process, then the same workload through
 //! `benches/losses_pytorch.py` (its twins written as a strong PyTorch user writes them); each

@@ -1,5 +1,5 @@
 //! The speculator pipeline end to end on the bench shapes: the bench-155m target
-//! (`reference/benchmarks.md`, random weights, Llama 3's tokenizer from the fixtures), a
+//! (`docs/src/benchmarks.md`, random weights, Llama 3's tokenizer from the fixtures), a
 //! 2-layer draft derived from it, real prompts from the demo data; the target generates
 //! (greedy, batch 32) and the draft's LoRA adapters (r16 α32, dropout 0, the seven
 //! projections) train one epoch on the completions (batch 4 × 4 accumulation, AdamW,

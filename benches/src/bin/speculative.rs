@@ -1,4 +1,4 @@
-//! Speculative decoding on the bench pair: the bench-155m target (`reference/benchmarks.md`,
+//! Speculative decoding on the bench pair: the bench-155m target (`docs/src/benchmarks.md`,
 //! random weights, seeded) and a 2-layer draft derived from it (its first and last layers,
 //! sharing its embeddings, final norm and LM head). Batch 1 (the latency case speculative
 //! decoding is for), greedy, k drafted tokens per verification: wall-clock speedup over

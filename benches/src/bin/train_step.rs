@@ -1,4 +1,4 @@
-//! LoRA train-step throughput on the bench model (`reference/benchmarks.md`: bench-155m,
+//! LoRA train-step throughput on the bench model (`docs/src/benchmarks.md`: bench-155m,
 //! batch 4 × seq 256 random ids, LoRA r16 α32 dropout 0 on q,k,v,o,gate,up,down, AdamW lr
 //! 2e-4 wd 0.01, clip 1.0; 3 warm-up + 10 timed steps), in tokens/s and peak RSS, beside the
 //! same step in PyTorch + PEFT (`benches/train_step_pytorch.py`) run in the same process tree.
@@ -30,7 +30,7 @@ use kd_train::{CausalLmLoss, StepLossFn, TrainModel};
 #[derive(Parser, Debug)]
 struct Args {
     /// The workload: bench-155m at batch 4 × 256 with LoRA r16 α32 dropout 0
-    /// (`reference/benchmarks.md`), or the seed's Llama-3.2-1B at 1 × 2048 with LoRA r64 α128
+    /// (`docs/src/benchmarks.md`), or the seed's Llama-3.2-1B at 1 × 2048 with LoRA r64 α128
     /// dropout 0.05; `--batch`, `--seq`, `--warmup`, `--steps` override the shape.
     #[arg(long, value_enum, default_value_t = Preset::Bench155m)]
     preset: Preset,

@@ -1,4 +1,4 @@
-//! The distill loss, `(1 − w)·CE + w·KD` (`reference/losses.md`), both terms in one pass of
+//! The distill loss, `(1 − w)·CE + w·KD` (`docs/src/loss-contract.md`), both terms in one pass of
 //! the LM head fused with the losses (`kd_loss::linear_kd`: no `[tokens, vocab]` logits are
 //! kept for autodiff). Both are sums over the step's counted positions divided by their global
 //! count; KD is shifted like CE (the logits

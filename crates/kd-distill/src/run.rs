@@ -500,12 +500,72 @@ impl TrainObserver for RollMetrics<'_> {
     }
 }
 
-/// Runs the pipeline.
+/// Runs the pipeline: setup, the data, the models, the teacher's scores (cached), then
+/// training with validation.
 pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result<DistillSummary> {
     observer.on_phase(DistillPhase::Setup);
     config.validate()?;
-    let mut warnings = Vec::new();
     let student_dir = config.student_path()?;
+    prepare_output_dir(config)?;
+    let mut warnings = Vec::new();
+    let (student_device, teacher_device) = devices(config, &mut warnings)?;
+    for w in &warnings {
+        observer.on_warning(w);
+    }
+
+    let tokenizer = chat_tokenizer(&student_dir, config.student.data_args.template.as_deref())?;
+    let data = read_data(config, &tokenizer)?;
+    for w in &data.warnings {
+        observer.on_warning(w);
+    }
+    warnings.extend(data.warnings.iter().cloned());
+
+    let student = Llama::load(&student_dir, &student_device)?;
+    let teacher = load_teacher(config, &student, &tokenizer, &teacher_device)?;
+
+    observer.on_phase(DistillPhase::Score);
+    let scores = score_data(
+        config,
+        teacher.as_ref(),
+        &data,
+        student.config().vocab_size,
+        observer,
+    )?;
+
+    observer.on_phase(DistillPhase::Train);
+    let trained = train_student(TrainInputs {
+        config,
+        student_dir: &student_dir,
+        student: &student,
+        teacher: teacher.as_ref(),
+        data: &data,
+        scores: &scores,
+        observer,
+    })?;
+    let train_tokens = data
+        .train
+        .iter()
+        .map(|e| e.labels.iter().skip(1).filter(|l| **l >= 0).count())
+        .sum();
+    Ok(DistillSummary {
+        output_dir: config.output_dir.clone(),
+        logging_dir: config.logging_dir.clone(),
+        examples: (data.train.len(), data.validation.len()),
+        train_tokens,
+        teacher_seconds: scores.seconds,
+        scored_sequences: scores.sequences,
+        train: trained.summary,
+        on_policy: trained.on_policy,
+        last_log: trained.last_log,
+        validations: trained.validations,
+        warnings,
+    })
+}
+
+/// Clears the output (and TensorBoard event files) when asked to; refuses a directory with an
+/// earlier run's checkpoints unless resuming, and a `resume_from_checkpoint` path that is no
+/// checkpoint.
+fn prepare_output_dir(config: &DistillConfig) -> Result<()> {
     let out = &config.output_dir;
     if config.overwrite_output_dir && config.resume_from_checkpoint == ResumeFrom::No {
         if out.exists() {
@@ -543,6 +603,12 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
                 .into(),
         })?;
     }
+    Ok(())
+}
+
+/// The student's and the teacher's devices, with warnings for settings the CPU backend does
+/// not honour.
+fn devices(config: &DistillConfig, warnings: &mut Vec<String>) -> Result<(Device, Device)> {
     for (what, w) in [("student", &config.student), ("teacher", &config.teacher)] {
         if w.model_args.dtype != ModelDType::Fp32 {
             warnings.push(format!(
@@ -558,26 +624,29 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
                 .into(),
         );
     }
-    let student_device = worker_device(
-        config.student.device_mapping.as_ref(),
-        "student",
-        &mut warnings,
-    )?;
+    let student_device =
+        worker_device(config.student.device_mapping.as_ref(), "student", warnings)?;
     let teacher_device = match config.logits_transfer_backend {
         TransferBackend::IpcNccl => student_device.clone(),
-        TransferBackend::NcclOnly => worker_device(
-            config.teacher.device_mapping.as_ref(),
-            "teacher",
-            &mut warnings,
-        )?,
+        TransferBackend::NcclOnly => {
+            worker_device(config.teacher.device_mapping.as_ref(), "teacher", warnings)?
+        }
         TransferBackend::Ray => Device::flex(),
     };
-    for w in &warnings {
-        observer.on_warning(w);
-    }
+    Ok((student_device, teacher_device))
+}
 
-    // Data.
-    let tokenizer = chat_tokenizer(&student_dir, config.student.data_args.template.as_deref())?;
+/// The training and validation examples of a run.
+struct Data {
+    train: Vec<Example>,
+    validation: Vec<Example>,
+    /// What reading them met (cut examples, no validation data).
+    warnings: Vec<String>,
+}
+
+/// Reads the question/answer files named by the config, rendered through the chat template.
+fn read_data(config: &DistillConfig, tokenizer: &ChatTokenizer) -> Result<Data> {
+    let mut warnings = Vec::new();
     let files = config
         .student
         .data_args
@@ -590,107 +659,198 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
                     .into(),
             )
         })?;
-    let (examples, cut) = read_examples(config, &tokenizer, &files, "student.data_args.file_name")?;
+    let (train, cut) = read_examples(config, tokenizer, &files, "student.data_args.file_name")?;
     let val_files = config
         .validation
         .as_ref()
         .and_then(|v| v.data_args.file_name.as_ref())
         .or(config.student.data_args.eval_file_name.as_ref())
         .map(|f| f.paths());
-    let (val_examples, val_cut) = match &val_files {
-        Some(f) => read_examples(config, &tokenizer, f, "validation.data_args.file_name")?,
+    let (validation, val_cut) = match &val_files {
+        Some(f) => read_examples(config, tokenizer, f, "validation.data_args.file_name")?,
         None => (Vec::new(), Truncation::default()),
     };
     if cut.examples + val_cut.examples > 0 {
-        let w = format!(
+        warnings.push(format!(
             "{} examples were cut to `sequence_length` {}",
             cut.examples + val_cut.examples,
             config.sequence_length
+        ));
+    }
+    if validation.is_empty() && config.eval_steps > 0 {
+        warnings.push(
+            "no validation data (`validation.data_args.file_name`): validation is skipped".into(),
         );
-        observer.on_warning(&w);
-        warnings.push(w);
     }
-    if val_examples.is_empty() && config.eval_steps > 0 {
-        let w = "no validation data (`validation.data_args.file_name`): validation is skipped"
-            .to_string();
-        observer.on_warning(&w);
-        warnings.push(w);
-    }
+    Ok(Data {
+        train,
+        validation,
+        warnings,
+    })
+}
 
-    // Models.
-    let student = Llama::load(&student_dir, &student_device)?;
+/// The teacher: a local model (checked to be of the student's family), or a teacher server
+/// (`logits_transfer_backend: ray`).
+fn load_teacher(
+    config: &DistillConfig,
+    student: &Llama,
+    tokenizer: &ChatTokenizer,
+    device: &Device,
+) -> Result<Box<dyn Teacher>> {
     let vocab = student.config().vocab_size;
-    let teacher: Box<dyn Teacher> = match (&config.logits_transfer_backend, config.teacher_path()) {
-        (TransferBackend::Ray, local) => {
-            if let Some(dir) = &local
-                && kd_pipeline::models::is_local_model(dir)
-            {
-                let tc = kd_pipeline::models::model_config("teacher", dir)?;
-                check_same_family(student.config(), &tc, &tokenizer, dir)?;
+    Ok(
+        match (&config.logits_transfer_backend, config.teacher_path()) {
+            (TransferBackend::Ray, local) => {
+                if let Some(dir) = &local
+                    && kd_pipeline::models::is_local_model(dir)
+                {
+                    let tc = kd_pipeline::models::model_config("teacher", dir)?;
+                    check_same_family(student.config(), &tc, tokenizer, dir)?;
+                }
+                Box::new(RemoteTeacher::new(RemoteConfig {
+                    url: config.teacher.url.clone().unwrap_or_default(),
+                    vocab_size: Some(vocab),
+                    ..RemoteConfig::default()
+                })?)
             }
-            Box::new(RemoteTeacher::new(RemoteConfig {
-                url: config.teacher.url.clone().unwrap_or_default(),
-                vocab_size: Some(vocab),
-                ..RemoteConfig::default()
-            })?)
-        }
-        (_, None) => {
-            return Err(PipelineError::Config(
-                "no teacher model: set `teacher_pretrain` (or \
+            (_, None) => {
+                return Err(PipelineError::Config(
+                    "no teacher model: set `teacher_pretrain` (or \
                  `teacher.model_args.model_name_or_path`), or a teacher server with \
                  `logits_transfer_backend: ray` and `teacher.url`"
-                    .into(),
-            ));
-        }
-        (_, Some(dir)) => {
-            let model = Llama::load_for_inference(&dir, &teacher_device)?;
-            check_same_family(student.config(), model.config(), &tokenizer, &dir)?;
-            Box::new(LocalTeacher::new(
-                model,
-                config.teacher.infer_batch_size,
-                model_fingerprint(&dir)?,
-            ))
-        }
-    };
+                        .into(),
+                ));
+            }
+            (_, Some(dir)) => {
+                let model = Llama::load_for_inference(&dir, device)?;
+                check_same_family(student.config(), model.config(), tokenizer, &dir)?;
+                Box::new(LocalTeacher::new(
+                    model,
+                    config.teacher.infer_batch_size,
+                    model_fingerprint(&dir)?,
+                ))
+            }
+        },
+    )
+}
 
-    // The teacher's scores (cached: a resumed or repeated run does not score twice).
-    observer.on_phase(DistillPhase::Score);
+/// The teacher's scores of the training and validation examples.
+struct TeacherScores {
+    train: Vec<Scores>,
+    validation: Vec<Scores>,
+    /// Log-probs kept per position (`logits_topk`, or the whole vocabulary for 0).
+    top_k: usize,
+    /// Sequences scored in this run (cached shards are not scored again).
+    sequences: usize,
+    /// Wall time of the scoring.
+    seconds: f64,
+}
+
+/// Scores every example through the teacher cache under the output directory: a resumed or
+/// repeated run does not score twice.
+fn score_data(
+    config: &DistillConfig,
+    teacher: &dyn Teacher,
+    data: &Data,
+    vocab: usize,
+    observer: &mut dyn DistillObserver,
+) -> Result<TeacherScores> {
     let started = Instant::now();
     let top_k = if config.logits_topk == 0 {
         vocab
     } else {
         config.logits_topk.min(vocab)
     };
-    let cache = out.join("teacher_cache");
+    let cache = config.output_dir.join("teacher_cache");
     let shard = config.teacher.infer_batch_size;
-    let total = examples.len() + val_examples.len();
-    let mut scored = 0;
-    let scores = score_all(
-        teacher.as_ref(),
-        &examples,
+    let total = data.train.len() + data.validation.len();
+    let mut sequences = 0;
+    let train = score_all(
+        teacher,
+        &data.train,
         top_k,
         &cache.join("train"),
         shard,
-        &mut scored,
+        &mut sequences,
         |d, _| observer.on_score_progress(d, total),
     )?;
-    let val_scores = if val_examples.is_empty() {
+    let validation = if data.validation.is_empty() {
         Vec::new()
     } else {
-        let n = examples.len();
+        let n = data.train.len();
         score_all(
-            teacher.as_ref(),
-            &val_examples,
+            teacher,
+            &data.validation,
             top_k,
             &cache.join("validation"),
             shard,
-            &mut scored,
+            &mut sequences,
             |d, _| observer.on_score_progress(n + d, total),
         )?
     };
-    let teacher_seconds = started.elapsed().as_secs_f64();
+    Ok(TeacherScores {
+        train,
+        validation,
+        top_k,
+        sequences,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
 
-    // The student: LoRA (fresh or from an adapter) or full fine-tuning.
+/// What the training phase needs.
+struct TrainInputs<'a, 'o> {
+    config: &'a DistillConfig,
+    student_dir: &'a Path,
+    student: &'a Llama,
+    teacher: &'a dyn Teacher,
+    data: &'a Data,
+    scores: &'a TeacherScores,
+    observer: &'o mut dyn DistillObserver,
+}
+
+/// What the training phase produced.
+struct TrainedStudent {
+    summary: TrainSummary,
+    on_policy: Option<OnPolicyTotals>,
+    last_log: Option<LogRecord>,
+    validations: Vec<Validation>,
+}
+
+/// The validation batches: length-bucketed, in a fixed order.
+fn validation_batches(config: &DistillConfig, examples: &[Example], pad_id: u32) -> Vec<Batch> {
+    if examples.is_empty() {
+        return Vec::new();
+    }
+    let lengths: Vec<usize> = examples.iter().map(Example::len).collect();
+    let plan = plan_batches(
+        &lengths,
+        &BatchOptions {
+            batch_size: config.student.infer_batch_size,
+            bucket_by_length: true,
+            shuffle: false,
+            seed: config.seed,
+            ..BatchOptions::default()
+        },
+        0,
+    );
+    plan.iter()
+        .map(|rows| collate(examples, rows, pad_id, usize::MAX))
+        .collect()
+}
+
+/// Trains the student (LoRA, fresh or from an adapter, or full fine-tuning) on
+/// `(1 − w)·CE + w·KD`, validating every `eval_steps` (and at step 0 of a fresh run), with
+/// ROLL's metrics and on-policy rows when asked for.
+fn train_student(inputs: TrainInputs<'_, '_>) -> Result<TrainedStudent> {
+    let TrainInputs {
+        config,
+        student_dir,
+        student,
+        teacher,
+        data,
+        scores,
+        observer,
+    } = inputs;
     let llama = match (
         &config.student.model_args.adapter_name_or_path,
         lora_config(config),
@@ -705,43 +865,20 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
     }
     let files = ModelFiles {
         base_model: student_dir.display().to_string(),
-        tokenizer_dir: Some(student_dir.clone()),
+        tokenizer_dir: Some(student_dir.to_path_buf()),
     };
-
-    // Training with validation.
-    observer.on_phase(DistillPhase::Train);
-    let tensorboard = config.track_with == TrackWith::Tensorboard;
-    let tb = if tensorboard {
+    let tb = if config.track_with == TrackWith::Tensorboard {
         let mut tb = TensorBoard::create(&config.logging_dir)?;
-        tb.scalar("train/teacher_forward", teacher_seconds, 0)?;
+        tb.scalar("train/teacher_forward", scores.seconds, 0)?;
         Some(RefCell::new(tb))
     } else {
         None
     };
     let kd = config.kd_config();
-    let val_batches: Vec<Batch> = if val_examples.is_empty() {
-        Vec::new()
-    } else {
-        let lengths: Vec<usize> = val_examples.iter().map(Example::len).collect();
-        let plan = plan_batches(
-            &lengths,
-            &BatchOptions {
-                batch_size: config.student.infer_batch_size,
-                bucket_by_length: true,
-                shuffle: false,
-                seed: config.seed,
-                ..BatchOptions::default()
-            },
-            0,
-        );
-        plan.iter()
-            .map(|rows| collate(&val_examples, rows, student.pad_id(), usize::MAX))
-            .collect()
-    };
     let loss = DistillLoss {
         distill_loss_weight: config.distill_loss_weight,
         kd,
-        scores: &scores,
+        scores: &scores.train,
     };
     let shared: RefCell<&mut dyn DistillObserver> = RefCell::new(observer);
     let mut metrics = RollMetrics {
@@ -754,8 +891,8 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
         error: None,
     };
     let mut validator = Validator {
-        batches: val_batches,
-        scores: &val_scores,
+        batches: validation_batches(config, &data.validation, student.pad_id()),
+        scores: &scores.validation,
         kd,
         every: config.eval_steps,
         tb: tb.as_ref(),
@@ -775,36 +912,24 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
             max_new_tokens: config.on_policy_max_new_tokens,
             max_seq_length: config.sequence_length,
             match_length: config.on_policy_match_length,
-            teacher_top_k: top_k,
+            teacher_top_k: scores.top_k,
             kd,
             kd_weight: config.distill_loss_weight,
         },
-        teacher: teacher.as_ref(),
+        teacher,
     })?;
-    let (_, train_summary) = Trainer::new(tconfig, &loss)
+    let (_, summary) = Trainer::new(tconfig, &loss)
         .observer(&mut metrics)
         .hook(&mut validator)
         .step_data(&mut on_policy)
-        .run(TrainModel::new(llama).with_files(files), &examples)?;
-    let on_policy = on_policy.totals().cloned();
+        .run(TrainModel::new(llama).with_files(files), &data.train)?;
     if let Some(e) = metrics.error.take() {
         return Err(e);
     }
-    let train_tokens = examples
-        .iter()
-        .map(|e| e.labels.iter().skip(1).filter(|l| **l >= 0).count())
-        .sum();
-    Ok(DistillSummary {
-        output_dir: out.clone(),
-        logging_dir: config.logging_dir.clone(),
-        examples: (examples.len(), val_examples.len()),
-        train_tokens,
-        teacher_seconds,
-        scored_sequences: scored,
-        train: train_summary,
-        on_policy,
+    Ok(TrainedStudent {
+        summary,
+        on_policy: on_policy.totals().cloned(),
         last_log: metrics.last_log.take(),
         validations: validator.results,
-        warnings,
     })
 }

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The divergence between teacher (p) and student (q) distributions
-/// (`reference/losses.md`). Serialised with ROLL's names (`forward_kl`, …).
+/// (`docs/src/loss-contract.md`). Serialised with ROLL's names (`forward_kl`, …).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum KdObjective {
@@ -26,7 +26,7 @@ pub enum KdObjective {
 }
 
 impl KdObjective {
-    /// Every objective, in the order of `reference/losses.md`.
+    /// Every objective, in the order of `docs/src/loss-contract.md`.
     pub const ALL: [KdObjective; 7] = [
         Self::ForwardKl,
         Self::ReverseKl,

@@ -8,7 +8,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use crate::error::{LossError, Result};
 
 /// The learned map from student to teacher hidden width: `Linear(d_S → d_T)`, no bias,
-/// Xavier-uniform init (as `reference/losses.md` specifies); trained with the adapters.
+/// Xavier-uniform init (as `docs/src/loss-contract.md` specifies); trained with the adapters.
 #[derive(Module, Debug)]
 pub struct HiddenProjection {
     /// The weight, Burn layout `[d_S, d_T]`.

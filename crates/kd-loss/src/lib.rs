@@ -1,6 +1,6 @@
 //! Losses for knowledge distillation and speculator training, on Burn 0.22.
 //!
-//! The contract is `reference/losses.md`: distributions (full vocabulary or the teacher's
+//! The contract is `docs/src/loss-contract.md`: distributions (full vocabulary or the teacher's
 //! top-k, with kd and teacher temperatures), the objectives ([`KdObjective`]: forward,
 //! reverse, skewed forward/reverse and adaptive KL, Jensen–Shannon, total variation),
 //! cross-entropy, the hidden-state MSE with a learned projection, masks, and normalisation by a

@@ -158,7 +158,7 @@ fn use_fused(path: KernelPath, device: &Device) -> Result<bool> {
     }
 }
 
-/// Distillation loss over rows of student logits `[rows, vocab]` (see `reference/losses.md`):
+/// Distillation loss over rows of student logits `[rows, vocab]` (see `docs/src/loss-contract.md`):
 /// Σ over rows with `mask[r]` of the objective, divided by `normalizer` (the global number of
 /// counted tokens of the optimizer step). Rows are positions already aligned with the teacher
 /// (use [`crate::next_token_targets`] for the shift).

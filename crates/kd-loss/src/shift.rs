@@ -1,5 +1,5 @@
 //! The next-token shift shared by CE and KD: logits at position t are compared where
-//! `labels[t + 1]` counts (`reference/losses.md`; ROLL compares unshifted positions for KD,
+//! `labels[t + 1]` counts (`docs/src/loss-contract.md`; ROLL compares unshifted positions for KD,
 //! a quirk we do not copy).
 
 /// Per-row targets and mask of `[batch, seq]` logits flattened to `[batch · seq, vocab]`.

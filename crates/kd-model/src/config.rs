@@ -268,7 +268,7 @@ impl LlamaConfig {
     }
 
     /// The bench model every performance figure of this project uses ("bench-155m",
-    /// `reference/benchmarks.md`): vocab 128256, hidden 512, 8 layers, 8 heads, 4 KV heads,
+    /// `docs/src/benchmarks.md`): vocab 128256, hidden 512, 8 layers, 8 heads, 4 KV heads,
     /// intermediate 1408, θ = 500000, untied, eps 1e-5.
     pub fn bench_155m() -> Self {
         let mut c = Self::new(128_256, 512, 1408, 8, 8, 4).expect("valid preset");

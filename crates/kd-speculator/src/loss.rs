@@ -1,6 +1,6 @@
 //! The speculator's loss: `ce_weight · CE + distillation_weight · hidden MSE + kd_weight ·
 //! KD`, every term a sum over the step's counted positions divided by their global count
-//! (`reference/losses.md`). Counted positions are those that predict a completion token
+//! (`docs/src/loss-contract.md`). Counted positions are those that predict a completion token
 //! (the shifted labels); the hidden MSE and the KD term are taken at the same positions.
 
 use burn::tensor::{Int, Tensor, TensorData};

@@ -209,25 +209,21 @@ pub fn on_policy_config(config: &SpeculatorConfig) -> OnPolicyConfig {
     }
 }
 
-/// Runs the pipeline.
+/// Runs the pipeline: setup, the target's completions, its scores (when a loss term needs
+/// them), acceptance before training, training, acceptance after.
 pub fn run(
     config: &SpeculatorConfig,
     observer: &mut dyn SpeculatorObserver,
 ) -> Result<SpeculatorSummary> {
     let mut timer = PhaseTimer::new();
+    let mut warnings = Warnings::default();
+
     observer.on_phase(Phase::Setup);
     let setup = setup(config)?;
-    let mut warnings = setup.warnings.clone();
-    for w in &warnings {
-        observer.on_warning(w);
+    for w in &setup.warnings {
+        warnings.push(observer, w.clone());
     }
-    let out = &config.output_dir;
-    if config.overwrite_output_dir && out.exists() {
-        clear_run(out)?;
-    }
-    std::fs::create_dir_all(out).map_err(|e| PipelineError::io(out, e))?;
-    let text = serde_json::to_string_pretty(config).expect("the configuration serialises");
-    kd_model::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;
+    prepare_output_dir(config)?;
     let teacher = load_teacher(config, &setup)?;
     let draft_base = Llama::load(&config.draft_model, &setup.draft_device)?;
     if let Some(target) = teacher.target() {
@@ -235,69 +231,10 @@ pub fn run(
     }
     timer.end(Phase::Setup);
 
-    // The target's completions of the training prompts.
     observer.on_phase(Phase::Generate);
-    // Longest prompts first: a shard is one teacher batch, and similar lengths together waste
-    // less on padding. The generations go back to prompt order below.
-    let train_prompts = setup.prompts.train_prompts();
-    let mut order: Vec<usize> = (0..train_prompts.len()).collect();
-    order.sort_by_key(|i| std::cmp::Reverse(train_prompts[*i].ids.len()));
-    let prompts: Vec<Prompt> = order.iter().map(|i| train_prompts[*i].clone()).collect();
-    let cache_dir = teacher_cache_dir(config);
-    let params = generation_params(config);
-    let shard = config.batch_size * setup.target_devices.len().max(1);
-    let gen_cache = GenerationCache::open(
-        &cache_dir.join("generations"),
-        CacheManifest {
-            version: 1,
-            teacher: teacher.teacher().fingerprint(),
-            template: template_hash(setup.tokenizer.template().map(|t| t.source())),
-            sampling: params,
-            prompts: prompts_hash(&prompts),
-            count: prompts.len(),
-            shard_size: shard,
-        },
-    )?;
-    let total = prompts.len();
-    let by_length = gen_cache.generate(teacher.teacher(), &prompts, |p| {
-        observer.on_teacher_progress(Phase::Generate, &p, total);
-    })?;
-    let mut generations = vec![None; by_length.len()];
-    for (i, g) in order.iter().zip(by_length) {
-        generations[*i] = Some(g);
-    }
-    let generations: Vec<Generation> = generations
-        .into_iter()
-        .map(|g| g.expect("every prompt was generated"))
-        .collect();
+    let generations = generate_completions(config, &setup, &teacher, observer)?;
     let generated_tokens = generations.iter().map(|g| g.ids.len()).sum();
-    let examples = build_examples(&setup.prompts, &generations, config.max_seq_length);
-    if examples.examples.is_empty() {
-        return Err(PipelineError::Config(format!(
-            "the target returned {} empty completions and nothing else: there is nothing to \
-             train on (check the teacher server's API and stop tokens)",
-            examples.empty
-        )));
-    }
-    if examples.empty > 0 {
-        let w = format!(
-            "{} of {} completions came back empty and are not trained on",
-            examples.empty,
-            generations.len()
-        );
-        observer.on_warning(&w);
-        warnings.push(w);
-    }
-    if examples.truncation.examples > 0 {
-        let t = &examples.truncation;
-        let w = format!(
-            "{} examples were cut to --max_seq_length {} ({} prompt and {} completion tokens \
-             removed)",
-            t.examples, config.max_seq_length, t.prompt_tokens, t.completion_tokens
-        );
-        observer.on_warning(&w);
-        warnings.push(w);
-    }
+    let examples = training_examples(config, &setup, &generations, observer, &mut warnings)?;
     timer.end(Phase::Generate);
 
     // The target's hidden states and top-k log-probs, when a loss term of the off-policy rows
@@ -311,14 +248,176 @@ pub fn run(
         None
     };
 
-    // The draft: LoRA (fresh or warm-started), and the projection for hidden-state MSE.
+    let (draft, projection) = init_draft(config, &setup, &draft_base, scores.as_deref())?;
+    let mut eval = Acceptance::new(config, &setup, &teacher, observer, &mut warnings);
+    let mut tb = TensorBoard::create(&config.output_dir.join("runs"))?;
+    if eval.file.is_some() {
+        observer.on_phase(Phase::EvalBefore);
+        eval.before(&draft, &mut tb, observer)?;
+        timer.end(Phase::EvalBefore);
+    }
+
+    observer.on_phase(Phase::Train);
+    let trained = train_draft(TrainInputs {
+        config,
+        draft,
+        projection,
+        draft_base: &draft_base,
+        teacher: &teacher,
+        examples: &examples,
+        scores: scores.as_deref(),
+        eval: &eval,
+        observer,
+    })?;
+    timer.end(Phase::Train);
+
+    if eval.file.is_some() {
+        observer.on_phase(Phase::EvalAfter);
+        eval.after(&trained, &mut tb, observer)?;
+        timer.end(Phase::EvalAfter);
+    }
+
+    Ok(SpeculatorSummary {
+        output_dir: config.output_dir.clone(),
+        prompts: (
+            setup.prompts.records.len(),
+            setup.prompts.train.len(),
+            setup.prompts.eval.len(),
+        ),
+        generated_tokens,
+        empty_completions: examples.empty,
+        trained_tokens_per_epoch: examples
+            .examples
+            .iter()
+            .map(|e| e.labels.iter().skip(1).filter(|l| **l >= 0).count())
+            .sum(),
+        phase_seconds: timer.phases,
+        train: trained.summary,
+        on_policy: trained.on_policy,
+        last_log: trained.last_log,
+        acceptance_path: eval.file.as_ref().map(|_| eval.path.clone()),
+        acceptance: eval.file,
+        warnings: warnings.0,
+    })
+}
+
+/// Non-fatal problems, each told to the observer as it is met and kept for the summary.
+#[derive(Default)]
+struct Warnings(Vec<String>);
+
+impl Warnings {
+    fn push(&mut self, observer: &mut dyn SpeculatorObserver, warning: String) {
+        observer.on_warning(&warning);
+        self.0.push(warning);
+    }
+}
+
+/// Clears the output directory when asked to, creates it, and writes the run's configuration.
+fn prepare_output_dir(config: &SpeculatorConfig) -> Result<()> {
+    let out = &config.output_dir;
+    if config.overwrite_output_dir && out.exists() {
+        clear_run(out)?;
+    }
+    std::fs::create_dir_all(out).map_err(|e| PipelineError::io(out, e))?;
+    let text = serde_json::to_string_pretty(config).expect("the configuration serialises");
+    kd_model::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;
+    Ok(())
+}
+
+/// The target's completions of the training prompts, in prompt order, through the
+/// generation cache (an interrupted run resumes from its finished shards).
+fn generate_completions(
+    config: &SpeculatorConfig,
+    setup: &Setup,
+    teacher: &TeacherBackend,
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<Vec<Generation>> {
+    // Longest prompts first: a shard is one teacher batch, and similar lengths together waste
+    // less on padding. The generations go back to prompt order below.
+    let train_prompts = setup.prompts.train_prompts();
+    let mut order: Vec<usize> = (0..train_prompts.len()).collect();
+    order.sort_by_key(|i| std::cmp::Reverse(train_prompts[*i].ids.len()));
+    let prompts: Vec<Prompt> = order.iter().map(|i| train_prompts[*i].clone()).collect();
+    let cache_dir = teacher_cache_dir(config);
+    let shard = config.batch_size * setup.target_devices.len().max(1);
+    let gen_cache = GenerationCache::open(
+        &cache_dir.join("generations"),
+        CacheManifest {
+            version: 1,
+            teacher: teacher.teacher().fingerprint(),
+            template: template_hash(setup.tokenizer.template().map(|t| t.source())),
+            sampling: generation_params(config),
+            prompts: prompts_hash(&prompts),
+            count: prompts.len(),
+            shard_size: shard,
+        },
+    )?;
+    let total = prompts.len();
+    let by_length = gen_cache.generate(teacher.teacher(), &prompts, |p| {
+        observer.on_teacher_progress(Phase::Generate, &p, total);
+    })?;
+    let mut generations = vec![None; by_length.len()];
+    for (i, g) in order.iter().zip(by_length) {
+        generations[*i] = Some(g);
+    }
+    Ok(generations
+        .into_iter()
+        .map(|g| g.expect("every prompt was generated"))
+        .collect())
+}
+
+/// The training examples (prompt + completion, labels on the completion), with warnings for
+/// empty completions and for what `--max_seq_length` cut.
+fn training_examples(
+    config: &SpeculatorConfig,
+    setup: &Setup,
+    generations: &[Generation],
+    observer: &mut dyn SpeculatorObserver,
+    warnings: &mut Warnings,
+) -> Result<Examples> {
+    let examples = build_examples(&setup.prompts, generations, config.max_seq_length);
+    if examples.examples.is_empty() {
+        return Err(PipelineError::Config(format!(
+            "the target returned {} empty completions and nothing else: there is nothing to \
+             train on (check the teacher server's API and stop tokens)",
+            examples.empty
+        )));
+    }
+    if examples.empty > 0 {
+        let w = format!(
+            "{} of {} completions came back empty and are not trained on",
+            examples.empty,
+            generations.len()
+        );
+        warnings.push(observer, w);
+    }
+    if examples.truncation.examples > 0 {
+        let t = &examples.truncation;
+        let w = format!(
+            "{} examples were cut to --max_seq_length {} ({} prompt and {} completion tokens \
+             removed)",
+            t.examples, config.max_seq_length, t.prompt_tokens, t.completion_tokens
+        );
+        warnings.push(observer, w);
+    }
+    Ok(examples)
+}
+
+/// The draft to train: LoRA (fresh or warm-started from `--init_adapter`), and the projection
+/// for hidden-state MSE when the draft's width differs from the target's.
+fn init_draft(
+    config: &SpeculatorConfig,
+    setup: &Setup,
+    draft_base: &Llama,
+    scores: Option<&[Scores]>,
+) -> Result<(Llama, Option<HiddenProjection>)> {
     let draft = match &config.init_adapter {
         Some(dir) => draft_base.clone().load_adapter(dir)?.0,
         None => draft_base
             .clone()
             .apply_lora_seeded(&lora_config(config), config.seed)?,
     };
-    let projection = match (&scores, config.use_distillation) {
+    let projection = match (scores, config.use_distillation) {
         (Some(s), true) => {
             let dt = s
                 .first()
@@ -333,52 +432,175 @@ pub fn run(
         }
         _ => None,
     };
+    Ok((draft, projection))
+}
 
-    // Acceptance before training.
-    let eval_ids = setup.prompts.eval_ids();
-    let options = eval_options(config);
-    let mut acceptance =
-        teacher
-            .target()
-            .filter(|_| !eval_ids.is_empty())
-            .map(|_| AcceptanceFile {
-                options: options.clone(),
-                prompts: eval_ids.len(),
-                prompts_hash: sequences_hash(&eval_ids),
-                before: None,
-                after: None,
-                checkpoints: Vec::new(),
-                best_checkpoint: None,
-            });
-    let acceptance_path = out.join(ACCEPTANCE_FILE);
-    if eval_ids.is_empty() {
-        let w = "no prompt is held out (--eval_fraction 0): acceptance is not measured".to_string();
-        observer.on_warning(&w);
-        warnings.push(w);
+/// The acceptance measurement of a run on the held-out prompts (absent when the target is
+/// remote only or no prompt is held out), and `acceptance.json`.
+struct Acceptance<'a> {
+    target: Option<&'a Llama>,
+    prompts: Vec<Vec<u32>>,
+    options: EvalOptions,
+    path: PathBuf,
+    output_dir: &'a std::path::Path,
+    file: Option<AcceptanceFile>,
+}
+
+impl<'a> Acceptance<'a> {
+    fn new(
+        config: &'a SpeculatorConfig,
+        setup: &Setup,
+        teacher: &'a TeacherBackend,
+        observer: &mut dyn SpeculatorObserver,
+        warnings: &mut Warnings,
+    ) -> Self {
+        let prompts = setup.prompts.eval_ids();
+        let options = eval_options(config);
+        let target = teacher.target().filter(|_| !prompts.is_empty());
+        let file = target.map(|_| AcceptanceFile {
+            options: options.clone(),
+            prompts: prompts.len(),
+            prompts_hash: sequences_hash(&prompts),
+            before: None,
+            after: None,
+            checkpoints: Vec::new(),
+            best_checkpoint: None,
+        });
+        if prompts.is_empty() {
+            let w = "no prompt is held out (--eval_fraction 0): acceptance is not measured";
+            warnings.push(observer, w.to_string());
+        }
+        Self {
+            target,
+            prompts,
+            options,
+            path: config.output_dir.join(ACCEPTANCE_FILE),
+            output_dir: &config.output_dir,
+            file,
+        }
     }
-    let mut tb = TensorBoard::create(&out.join("runs"))?;
-    if let (Some(file), Some(target)) = (acceptance.as_mut(), teacher.target()) {
-        observer.on_phase(Phase::EvalBefore);
-        let previous = read_acceptance(&acceptance_path)
+
+    /// Acceptance of the untrained draft (reused from `acceptance.json` when a resumed run
+    /// measured it with the same options and prompts).
+    fn before(
+        &mut self,
+        draft: &Llama,
+        tb: &mut TensorBoard,
+        observer: &mut dyn SpeculatorObserver,
+    ) -> Result<()> {
+        let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
+            return Ok(());
+        };
+        let previous = read_acceptance(&self.path)
             .filter(|p| p.options == file.options && p.prompts_hash == file.prompts_hash);
         let before = match previous.and_then(|p| p.before) {
             Some(before) => before,
             None => {
                 let merged = draft.clone().merge_and_unload();
-                evaluate(target, &merged, &eval_ids, &options, |phase, d, t| {
-                    observer.on_eval_progress(phase, d, t)
-                })?
+                evaluate(
+                    target,
+                    &merged,
+                    &self.prompts,
+                    &self.options,
+                    |phase, d, t| observer.on_eval_progress(phase, d, t),
+                )?
             }
         };
         observer.on_acceptance("before", &before);
-        log_acceptance(&mut tb, &before, 0)?;
+        log_acceptance(tb, &before, 0)?;
         file.before = Some(before);
-        write_acceptance(&acceptance_path, file)?;
-        timer.end(Phase::EvalBefore);
+        write_acceptance(&self.path, file)
     }
 
-    // Training.
-    observer.on_phase(Phase::Train);
+    /// Acceptance of the trained draft; every measured checkpoint (the last one included)
+    /// competes for the best, which is recorded and linked.
+    fn after(
+        &mut self,
+        trained: &TrainedDraft,
+        tb: &mut TensorBoard,
+        observer: &mut dyn SpeculatorObserver,
+    ) -> Result<()> {
+        let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
+            return Ok(());
+        };
+        let summary = &trained.summary;
+        let merged = trained.draft.clone().merge_and_unload();
+        let after = evaluate(
+            target,
+            &merged,
+            &self.prompts,
+            &self.options,
+            |phase, d, t| observer.on_eval_progress(phase, d, t),
+        )?;
+        observer.on_acceptance("after", &after);
+        log_acceptance(tb, &after, summary.global_step)?;
+        for c in &trained.checkpoints {
+            log_acceptance(tb, &c.report, c.step)?;
+        }
+        // The last checkpoint holds the trained draft: it competes for the best too.
+        let mut checkpoints = trained.checkpoints.clone();
+        if let Some(last) = summary.checkpoints.last()
+            && !checkpoints.iter().any(|c| &c.checkpoint == last)
+        {
+            checkpoints.push(CheckpointAcceptance {
+                checkpoint: last.clone(),
+                step: summary.global_step,
+                report: after.clone(),
+            });
+        }
+        file.after = Some(after);
+        file.checkpoints = checkpoints;
+        file.best_checkpoint = file
+            .checkpoints
+            .iter()
+            .max_by(|a, b| {
+                a.report
+                    .mean_accepted_length
+                    .total_cmp(&b.report.mean_accepted_length)
+            })
+            .map(|c| c.checkpoint.clone());
+        write_acceptance(&self.path, file)?;
+        write_best(self.output_dir, summary.checkpoints.last(), file)
+    }
+}
+
+/// What the training phase needs.
+struct TrainInputs<'a, 'o> {
+    config: &'a SpeculatorConfig,
+    draft: Llama,
+    projection: Option<HiddenProjection>,
+    draft_base: &'a Llama,
+    teacher: &'a TeacherBackend,
+    examples: &'a Examples,
+    scores: Option<&'a [Scores]>,
+    eval: &'a Acceptance<'a>,
+    observer: &'o mut dyn SpeculatorObserver,
+}
+
+/// What the training phase produced.
+struct TrainedDraft {
+    draft: Llama,
+    summary: TrainSummary,
+    on_policy: Option<OnPolicyTotals>,
+    last_log: Option<LogRecord>,
+    /// Acceptance of the checkpoints measured during training (`--eval_steps`).
+    checkpoints: Vec<CheckpointAcceptance>,
+}
+
+/// Trains the draft: the speculator loss over the off-policy examples, plus on-policy rows
+/// when asked for, with acceptance measured at checkpoints every `--eval_steps`.
+fn train_draft(inputs: TrainInputs<'_, '_>) -> Result<TrainedDraft> {
+    let TrainInputs {
+        config,
+        draft,
+        projection,
+        draft_base,
+        teacher,
+        examples,
+        scores,
+        eval,
+        observer,
+    } = inputs;
     let files = ModelFiles {
         base_model: config.draft_model.display().to_string(),
         tokenizer_dir: Some(config.draft_model.clone()),
@@ -395,7 +617,7 @@ pub fn run(
             .unwrap_or(draft.config().num_hidden_layers),
         kd_weight: config.kd_weight,
         kd: SpeculatorLoss::kd_config(config.kd_objective(), config.temperature, config.kd_topk),
-        teacher: scores.as_deref().map(|s| TeacherTargets {
+        teacher: scores.map(|s| TeacherTargets {
             scores: s,
             offsets: &examples.offsets,
         }),
@@ -403,14 +625,15 @@ pub fn run(
     let mut wrapper = TrainingWatcher {
         inner: observer,
         last_log: None,
-        eval: acceptance
+        eval: eval
+            .file
             .as_ref()
-            .and_then(|_| teacher.target())
+            .and(eval.target)
             .map(|target| CheckpointEval {
                 target,
-                base: &draft_base,
-                prompts: &eval_ids,
-                options: &options,
+                base: draft_base,
+                prompts: &eval.prompts,
+                options: &eval.options,
                 every: config.eval_steps,
                 last_step: 0,
                 results: Vec::new(),
@@ -424,80 +647,21 @@ pub fn run(
     let model = TrainModel::new(draft)
         .with_projection(projection)
         .with_files(files);
-    let (trained, train_summary) = Trainer::new(train_config(config), &loss)
+    let (trained, summary) = Trainer::new(train_config(config), &loss)
         .observer(&mut wrapper)
         .step_data(&mut on_policy)
         .run(model, &examples.examples)?;
-    let on_policy = on_policy.totals().cloned();
-    let last_log = wrapper.last_log.take();
-    let checkpoint_results = match wrapper.eval.take() {
+    let checkpoints = match wrapper.eval.take() {
         Some(CheckpointEval { error: Some(e), .. }) => return Err(e),
         Some(e) => e.results,
         None => Vec::new(),
     };
-    let observer = wrapper.inner;
-    timer.end(Phase::Train);
-
-    // Acceptance after training.
-    if let (Some(file), Some(target)) = (acceptance.as_mut(), teacher.target()) {
-        observer.on_phase(Phase::EvalAfter);
-        let merged = trained.llama.clone().merge_and_unload();
-        let after = evaluate(target, &merged, &eval_ids, &options, |phase, d, t| {
-            observer.on_eval_progress(phase, d, t)
-        })?;
-        observer.on_acceptance("after", &after);
-        log_acceptance(&mut tb, &after, train_summary.global_step)?;
-        for c in &checkpoint_results {
-            log_acceptance(&mut tb, &c.report, c.step)?;
-        }
-        // The last checkpoint holds the trained draft: it competes for the best too.
-        let mut checkpoint_results = checkpoint_results;
-        if let Some(last) = train_summary.checkpoints.last()
-            && !checkpoint_results.iter().any(|c| &c.checkpoint == last)
-        {
-            checkpoint_results.push(CheckpointAcceptance {
-                checkpoint: last.clone(),
-                step: train_summary.global_step,
-                report: after.clone(),
-            });
-        }
-        file.after = Some(after);
-        file.checkpoints = checkpoint_results;
-        file.best_checkpoint = file
-            .checkpoints
-            .iter()
-            .max_by(|a, b| {
-                a.report
-                    .mean_accepted_length
-                    .total_cmp(&b.report.mean_accepted_length)
-            })
-            .map(|c| c.checkpoint.clone());
-        write_acceptance(&acceptance_path, file)?;
-        write_best(out, train_summary.checkpoints.last(), file)?;
-        timer.end(Phase::EvalAfter);
-    }
-
-    Ok(SpeculatorSummary {
-        output_dir: out.clone(),
-        prompts: (
-            setup.prompts.records.len(),
-            setup.prompts.train.len(),
-            setup.prompts.eval.len(),
-        ),
-        generated_tokens,
-        empty_completions: examples.empty,
-        trained_tokens_per_epoch: examples
-            .examples
-            .iter()
-            .map(|e| e.labels.iter().skip(1).filter(|l| **l >= 0).count())
-            .sum(),
-        phase_seconds: timer.phases,
-        train: train_summary,
-        on_policy,
-        last_log,
-        acceptance_path: acceptance.as_ref().map(|_| acceptance_path.clone()),
-        acceptance,
-        warnings,
+    Ok(TrainedDraft {
+        draft: trained.llama,
+        summary,
+        on_policy: on_policy.totals().cloned(),
+        last_log: wrapper.last_log.take(),
+        checkpoints,
     })
 }
 
