@@ -30,6 +30,7 @@
 
 mod chunked;
 mod config;
+mod eagle3;
 mod error;
 mod fused;
 mod hidden;
@@ -42,6 +43,7 @@ mod shift;
 
 pub use chunked::{CHUNK_ELEMENTS, chunk_rows, linear_cross_entropy_chunked, linear_kd_chunked};
 pub use config::{KdConfig, KdObjective, SparseStudent};
+pub use eagle3::{TTT_DECAY, TttTargets, ttt_acceptance_rate, ttt_loss, ttt_step_loss};
 pub use error::{LossError, Result};
 pub use fused::f32_view;
 pub use hidden::{HiddenProjection, hidden_mse};

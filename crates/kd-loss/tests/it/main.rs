@@ -2,6 +2,7 @@
 
 mod util;
 
+mod eagle3;
 mod golden;
 mod levels;
 mod linear;

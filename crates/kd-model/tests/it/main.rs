@@ -4,6 +4,7 @@
 mod util;
 
 mod autodiff;
+mod eagle3;
 mod generation;
 mod gguf;
 mod levels;

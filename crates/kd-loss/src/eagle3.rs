@@ -1,0 +1,172 @@
+//! The training-time-test (TTT) loss of EAGLE-3 drafts, as SpecForge computes it
+//! (`OnlineEagle3Model.forward`, `_compute_target_p`, `_acc_and_loss`; the contract's
+//! EAGLE-3 section in `docs/src/loss-contract.md`).
+//!
+//! Inputs are aligned as SpecForge's target head leaves them: row `t` of the target's logits
+//! and of the loss mask belongs to the draft's input position `t` (already shifted by one).
+//!
+//! - `target_p = softmax(target[..., t2d])`: the target's logits restricted to the draft
+//!   vocabulary and renormalised over it.
+//! - `position_mask = t2d[argmax target] · loss_mask`: a position counts only where the
+//!   target's own choice is in the draft vocabulary.
+//! - Step `k` reads `target_p` shifted left `k` rows (rows of `1/|draft vocab|` fill the end)
+//!   and the masks shifted left `k` (zeros fill).
+//! - `loss_k = Σ_{b,t} mask_k · (−Σ_v p_k · log_softmax(logits_k)) / (batch · seq)`: the mean
+//!   is over every row, masked ones included.
+//! - The run's loss is `Σ_k 0.8^k · loss_k` ([`TTT_DECAY`]).
+
+use burn::tensor::activation::{log_softmax, softmax};
+use burn::tensor::{DType, Int, Tensor, TensorData};
+
+/// SpecForge's step weighting (`ploss_decay`): step `k` weighs `0.8^k`.
+pub const TTT_DECAY: f64 = 0.8;
+
+/// What the draft is trained towards at every position, from the target's logits.
+#[derive(Debug, Clone)]
+pub struct TttTargets {
+    /// `[batch, seq, draft_vocab]`: the target's distribution over the draft vocabulary,
+    /// renormalised.
+    pub target_p: Tensor<3>,
+    /// `[batch, seq, draft_vocab]`: the same probabilities, not renormalised (for the
+    /// acceptance-rate metric).
+    pub target_p_on_draft: Tensor<3>,
+    /// `[batch, seq]`: the target's argmax (a target id).
+    pub target_ids: Tensor<2, Int>,
+    /// `[batch, seq]`, 0/1: positions that count in the loss.
+    pub position_mask: Tensor<2>,
+    /// `[batch, seq]`, 0/1: the loss mask as given (shifted for later steps).
+    pub loss_mask: Tensor<2>,
+}
+
+impl TttTargets {
+    /// From the target's logits `[batch, seq, target_vocab]`, the loss mask `[batch, seq]`
+    /// (0/1) and the draft vocabulary's target ids (ascending, `draft_to_target[i]` = the
+    /// target id of draft id `i`).
+    pub fn new(target_logits: Tensor<3>, loss_mask: Tensor<2>, draft_to_target: &[u32]) -> Self {
+        let [b, s, vocab] = target_logits.dims();
+        let device = target_logits.device();
+        let dv = draft_to_target.len();
+        let index = Tensor::<1, Int>::from_data(
+            TensorData::new(
+                draft_to_target
+                    .iter()
+                    .map(|&t| t as i64)
+                    .collect::<Vec<_>>(),
+                [dv],
+            ),
+            &device,
+        );
+        let restricted = target_logits.clone().select(2, index);
+        let target_p = softmax(restricted.clone(), 2);
+        let log_z = log_sum_exp(target_logits.clone());
+        let target_p_on_draft = (restricted - log_z.expand([b, s, dv])).exp();
+        let target_ids = target_logits.argmax(2).reshape([b, s]);
+        let mut in_draft = vec![0.0f32; vocab];
+        for &t in draft_to_target {
+            in_draft[t as usize] = 1.0;
+        }
+        let in_draft =
+            Tensor::<1>::from_data(TensorData::new(in_draft, [vocab]), (&device, DType::F32));
+        let position_mask = in_draft
+            .select(0, target_ids.clone().reshape([b * s]))
+            .reshape([b, s])
+            * loss_mask.clone();
+        Self {
+            target_p,
+            target_p_on_draft,
+            target_ids,
+            position_mask,
+            loss_mask,
+        }
+    }
+
+    /// The targets of TTT step `k`: every tensor shifted left `k` rows; `target_p` filled with
+    /// the uniform distribution, the rest with zeros.
+    pub fn step(&self, k: usize) -> Self {
+        let [b, s, dv] = self.target_p.dims();
+        let k = k.min(s);
+        let device = self.target_p.device();
+        let shift3 = |t: &Tensor<3>, fill: f64| {
+            Tensor::cat(
+                vec![
+                    t.clone().slice([0..b, k..s, 0..dv]),
+                    Tensor::<3>::full([b, k, dv], fill, (&device, DType::F32)),
+                ],
+                1,
+            )
+        };
+        let shift2 = |t: &Tensor<2>| {
+            Tensor::cat(
+                vec![
+                    t.clone().slice([0..b, k..s]),
+                    Tensor::<2>::zeros([b, k], (&device, DType::F32)),
+                ],
+                1,
+            )
+        };
+        Self {
+            target_p: shift3(&self.target_p, 1.0 / dv as f64),
+            target_p_on_draft: shift3(&self.target_p_on_draft, 0.0),
+            target_ids: Tensor::cat(
+                vec![
+                    self.target_ids.clone().slice([0..b, k..s]),
+                    Tensor::<2, Int>::zeros([b, k], &device),
+                ],
+                1,
+            ),
+            position_mask: shift2(&self.position_mask),
+            loss_mask: shift2(&self.loss_mask),
+        }
+    }
+}
+
+/// `log Σ exp` over the last axis, kept as `[batch, seq, 1]`.
+fn log_sum_exp(x: Tensor<3>) -> Tensor<3> {
+    let max = x.clone().max_dim(2);
+    let [b, s, v] = x.dims();
+    (x - max.clone().expand([b, s, v])).exp().sum_dim(2).log() + max
+}
+
+/// One step's loss: `Σ mask · (−Σ_v p · log_softmax(logits)) / (batch · seq)`, shape `[1]`.
+pub fn ttt_step_loss(logits: Tensor<3>, targets: &TttTargets) -> Tensor<1> {
+    let [b, s, _] = logits.dims();
+    let per_row = (targets.target_p.clone() * log_softmax(logits, 2))
+        .sum_dim(2)
+        .reshape([b, s])
+        .neg();
+    (per_row * targets.position_mask.clone())
+        .sum()
+        .div_scalar((b * s) as f64)
+}
+
+/// The weighted sum over steps, `Σ_k 0.8^k · loss_k`, from the step-0 targets and each step's
+/// logits.
+pub fn ttt_loss(step_logits: &[Tensor<3>], targets: &TttTargets) -> Tensor<1> {
+    let mut total: Option<Tensor<1>> = None;
+    for (k, logits) in step_logits.iter().enumerate() {
+        let loss =
+            ttt_step_loss(logits.clone(), &targets.step(k)).mul_scalar(TTT_DECAY.powi(k as i32));
+        total = Some(match total {
+            Some(t) => t + loss,
+            None => loss,
+        });
+    }
+    total.expect("at least one step")
+}
+
+/// SpecForge's acceptance-rate metric of a step: `Σ mask · Σ_v min(p_target, p_draft) /
+/// max(Σ mask, 1e-8)`, with the target's probabilities not renormalised.
+pub fn ttt_acceptance_rate(logits: Tensor<3>, targets: &TttTargets) -> f64 {
+    let [b, s, _] = logits.dims();
+    let overlap = targets
+        .target_p_on_draft
+        .clone()
+        .min_pair(softmax(logits, 2))
+        .sum_dim(2)
+        .reshape([b, s]);
+    let counted: f64 = (overlap * targets.position_mask.clone())
+        .sum()
+        .into_scalar::<f32>() as f64;
+    let mask: f64 = targets.position_mask.clone().sum().into_scalar::<f32>() as f64;
+    counted / mask.max(1e-8)
+}

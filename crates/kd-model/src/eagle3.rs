@@ -1,0 +1,698 @@
+//! EAGLE-3 drafts with SpecForge's `LlamaForCausalLMEagle3` semantics: one Llama decoder layer
+//! that reads the target's own hidden features, a reduced output vocabulary, and training-time
+//! test (TTT) steps.
+//!
+//! - `fc` (`3·d_target → d`, no bias) fuses the hidden states of three target layers,
+//!   concatenated low, mid, high.
+//! - The decoder layer's q/k/v read `2·d` inputs: `cat(RMSNorm(embedding), RMSNorm(hidden))`,
+//!   embedding half first (`input_layernorm`, `hidden_norm`); the residual is the hidden
+//!   stream; then the usual post-attention norm and SwiGLU.
+//! - `norm`, then `lm_head` over the draft vocabulary ([`DraftVocab`]: `d2t` offsets and the
+//!   `t2d` mask over the target vocabulary).
+//! - The embedding is the target's, frozen, and not exported.
+//!
+//! TTT step `k` (0, 1, …) reads the ids shifted left `k` times and the previous step's
+//! hidden output (before the final norm), at RoPE positions `t + k`; its queries attend to
+//! step 0's keys causally plus the same position's key of every later step
+//! ([`Eagle3Draft::step`]). Step 0 is plain causal attention, which is also what decoding
+//! runs. Parity with SpecForge is tested against `fixtures/eagle3/` (made by
+//! `fixtures/make_eagle3_golden.py`, which re-implements SpecForge's modules in PyTorch).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{Bool, DType, Device, Int, Tensor, TensorData};
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::rope::{Rope, apply_rotary};
+
+/// The `architectures` entry of an EAGLE-3 draft's `config.json`.
+pub const EAGLE3_ARCHITECTURE: &str = "LlamaForCausalLMEagle3";
+
+/// The weights file of a draft directory.
+const WEIGHTS_FILE: &str = "model.safetensors";
+
+/// An EAGLE-3 draft's configuration: a one-layer Llama configuration plus the draft
+/// vocabulary's size and the target's width.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Eagle3Config {
+    /// The decoder layer's shape (`num_hidden_layers` 1), RoPE and norms; `vocab_size` is the
+    /// target's vocabulary.
+    pub llama: LlamaConfig,
+    /// Tokens the draft predicts (`draft_vocab_size`).
+    pub draft_vocab_size: usize,
+    /// Width of each target hidden state `fc` reads (`target_hidden_size`, default
+    /// `hidden_size`).
+    pub target_hidden_size: usize,
+}
+
+impl Eagle3Config {
+    /// Reads a `config.json` as SpecForge writes it.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses the text of a `config.json`.
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        Self::parse(text, Path::new("<memory>"))
+    }
+
+    fn parse(text: &str, path: &Path) -> Result<Self> {
+        let mut value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let Some(map) = value.as_object_mut() else {
+            return Err(ModelError::config(path, "<root>", "expected a JSON object"));
+        };
+        let is_eagle3 = map
+            .get("architectures")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|n| n.as_str() == Some(EAGLE3_ARCHITECTURE)));
+        if !is_eagle3 {
+            return Err(ModelError::config(
+                path,
+                "architectures",
+                format!("expected [\"{EAGLE3_ARCHITECTURE}\"]: this is not an EAGLE-3 draft"),
+            ));
+        }
+        let size = |key: &str| -> Result<Option<usize>> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                    ModelError::config(path, key, "expected a non-negative integer")
+                }),
+            }
+        };
+        let draft_vocab_size = size("draft_vocab_size")?.ok_or_else(|| {
+            ModelError::config(
+                path,
+                "draft_vocab_size",
+                "missing: an EAGLE-3 draft names it",
+            )
+        })?;
+        let target_hidden_size = size("target_hidden_size")?;
+        // The rest is a Llama configuration: read it as one, with the same checks.
+        map.insert(
+            "architectures".into(),
+            Value::Array(vec![Value::String("LlamaForCausalLM".into())]),
+        );
+        for key in ["draft_vocab_size", "target_hidden_size"] {
+            map.remove(key);
+        }
+        let llama = LlamaConfig::from_json_str(&value.to_string()).map_err(|e| match e {
+            ModelError::Config { field, message, .. } => ModelError::Config {
+                path: path.to_path_buf(),
+                field,
+                message,
+            },
+            other => other,
+        })?;
+        if llama.num_hidden_layers != 1 {
+            return Err(ModelError::config(
+                path,
+                "num_hidden_layers",
+                format!(
+                    "{}: an EAGLE-3 draft has one layer",
+                    llama.num_hidden_layers
+                ),
+            ));
+        }
+        if draft_vocab_size == 0 || draft_vocab_size > llama.vocab_size {
+            return Err(ModelError::config(
+                path,
+                "draft_vocab_size",
+                format!(
+                    "{draft_vocab_size}: expected 1 to the target's vocab_size {}",
+                    llama.vocab_size
+                ),
+            ));
+        }
+        Ok(Self {
+            target_hidden_size: target_hidden_size.unwrap_or(llama.hidden_size),
+            draft_vocab_size,
+            llama,
+        })
+    }
+}
+
+/// The draft vocabulary: which target token each draft token stands for.
+///
+/// SpecForge stores it as `d2t` (draft id `i` ↔ target id `i + d2t[i]`) and `t2d` (a mask over
+/// the target vocabulary); the draft's ids are the chosen target ids in ascending order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftVocab {
+    /// Target id of each draft id, ascending.
+    targets: Vec<u32>,
+    /// Size of the target vocabulary.
+    target_vocab: usize,
+}
+
+impl DraftVocab {
+    /// SpecForge's rule (`process_token_dict_to_mappings`) over token counts (`counts[id]` =
+    /// how often target token `id` occurs in the training completions): the `size` most
+    /// frequent, ties to the lower id; when fewer than `size` tokens occur, the smallest ids
+    /// below `size` that did not occur fill the rest.
+    pub fn from_counts(counts: &[u64], size: usize) -> Result<Self> {
+        if size == 0 || size > counts.len() {
+            return Err(ModelError::Input(format!(
+                "draft vocabulary of {size} tokens over a target vocabulary of {}: expected 1 \
+                 to {}",
+                counts.len(),
+                counts.len()
+            )));
+        }
+        let mut present: Vec<usize> = (0..counts.len()).filter(|&i| counts[i] > 0).collect();
+        let mut chosen: Vec<usize> = if present.len() >= size {
+            // Count descending; a stable sort keeps ties in id order.
+            present.sort_by(|a, b| counts[*b].cmp(&counts[*a]));
+            present.truncate(size);
+            present
+        } else {
+            let missing = (0..size).filter(|i| counts[*i] == 0);
+            let need = size - present.len();
+            present.extend(missing.take(need));
+            present
+        };
+        chosen.sort_unstable();
+        Ok(Self {
+            targets: chosen.into_iter().map(|i| i as u32).collect(),
+            target_vocab: counts.len(),
+        })
+    }
+
+    /// From SpecForge's `d2t` offsets over a target vocabulary of `target_vocab` tokens.
+    pub fn from_d2t(d2t: &[i64], target_vocab: usize) -> Result<Self> {
+        let mut targets = Vec::with_capacity(d2t.len());
+        for (i, offset) in d2t.iter().enumerate() {
+            let t = i as i64 + offset;
+            if t < 0 || t as usize >= target_vocab || targets.last().is_some_and(|&p| p >= t) {
+                return Err(ModelError::Input(format!(
+                    "d2t[{i}] = {offset} maps draft id {i} to target id {t}: expected strictly \
+                     increasing target ids below {target_vocab}"
+                )));
+            }
+            targets.push(t);
+        }
+        Ok(Self {
+            targets: targets.into_iter().map(|t| t as u32).collect(),
+            target_vocab,
+        })
+    }
+
+    /// Tokens in the draft vocabulary.
+    pub fn len(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// Whether the draft vocabulary is empty (never, once built).
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+
+    /// Size of the target vocabulary.
+    pub fn target_vocab(&self) -> usize {
+        self.target_vocab
+    }
+
+    /// The target id of draft id `draft` (`draft < len()`).
+    pub fn target_id(&self, draft: usize) -> u32 {
+        self.targets[draft]
+    }
+
+    /// The target ids, in draft-id order (ascending).
+    pub fn target_ids(&self) -> &[u32] {
+        &self.targets
+    }
+
+    /// SpecForge's `d2t`: `target_id(i) − i`.
+    pub fn d2t(&self) -> Vec<i64> {
+        self.targets
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| t as i64 - i as i64)
+            .collect()
+    }
+
+    /// SpecForge's `t2d`: whether each target id is in the draft vocabulary.
+    pub fn t2d(&self) -> Vec<bool> {
+        let mut mask = vec![false; self.target_vocab];
+        for &t in &self.targets {
+            mask[t as usize] = true;
+        }
+        mask
+    }
+}
+
+/// The keys and values of the TTT steps run so far: step 0's for every position, and each
+/// later step's, of which a query reads only its own position's.
+#[derive(Debug, Default)]
+pub struct TttCache {
+    keys: Vec<Tensor<4>>,
+    values: Vec<Tensor<4>>,
+}
+
+impl TttCache {
+    /// An empty cache, for step 0.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Steps run so far.
+    pub fn steps(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+/// An EAGLE-3 draft. Projection weights are held `[in, out]`.
+#[derive(Module, Debug)]
+pub struct Eagle3Draft {
+    /// `fc`: `[3·d_target, d]`.
+    pub fc: Param<Tensor<2>>,
+    /// The frozen target embedding, `[target_vocab, d]`.
+    pub embed_tokens: Param<Tensor<2>>,
+    /// RMSNorm weight over the embedding half.
+    pub input_layernorm: Param<Tensor<1>>,
+    /// RMSNorm weight over the hidden half.
+    pub hidden_norm: Param<Tensor<1>>,
+    /// `[2d, heads · head_dim]`.
+    pub q_proj: Param<Tensor<2>>,
+    /// `[2d, kv_heads · head_dim]`.
+    pub k_proj: Param<Tensor<2>>,
+    /// `[2d, kv_heads · head_dim]`.
+    pub v_proj: Param<Tensor<2>>,
+    /// `[heads · head_dim, d]`.
+    pub o_proj: Param<Tensor<2>>,
+    /// RMSNorm weight before the MLP.
+    pub post_attention_layernorm: Param<Tensor<1>>,
+    /// `[d, intermediate]`.
+    pub gate_proj: Param<Tensor<2>>,
+    /// `[d, intermediate]`.
+    pub up_proj: Param<Tensor<2>>,
+    /// `[intermediate, d]`.
+    pub down_proj: Param<Tensor<2>>,
+    /// Final RMSNorm weight.
+    pub norm: Param<Tensor<1>>,
+    /// `[d, draft_vocab]`.
+    pub lm_head: Param<Tensor<2>>,
+    #[module(skip)]
+    config: Eagle3Config,
+    #[module(skip)]
+    vocab: DraftVocab,
+    #[module(skip)]
+    rope: Rope,
+}
+
+/// Reads the tensors of one safetensors file as f32 (floats), i64 (`d2t`) or bool (`t2d`).
+struct WeightsFile {
+    path: std::path::PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl WeightsFile {
+    fn open(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
+        SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            bytes,
+        })
+    }
+
+    fn tensors(&self) -> SafeTensors<'_> {
+        SafeTensors::deserialize(&self.bytes).expect("checked when opened")
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.tensors().tensor(name).is_ok()
+    }
+
+    fn error(&self, name: &str, message: String) -> ModelError {
+        ModelError::Safetensors {
+            path: self.path.clone(),
+            message: format!("{name}: {message}"),
+        }
+    }
+
+    fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let st = self.tensors();
+        let view = st
+            .tensor(name)
+            .map_err(|_| self.error(name, "missing".into()))?;
+        if view.shape() != shape {
+            return Err(self.error(
+                name,
+                format!("shape {:?}, expected {shape:?}", view.shape()),
+            ));
+        }
+        let data = view.data();
+        Ok(match view.dtype() {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => return Err(self.error(name, format!("dtype {other:?}, expected a float"))),
+        })
+    }
+
+    fn ints(&self, name: &str) -> Result<Vec<i64>> {
+        let st = self.tensors();
+        let view = st
+            .tensor(name)
+            .map_err(|_| self.error(name, "missing".into()))?;
+        match view.dtype() {
+            Dtype::I64 => Ok(view
+                .data()
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect()),
+            other => Err(self.error(name, format!("dtype {other:?}, expected I64"))),
+        }
+    }
+}
+
+/// `x · rsqrt(mean(x²) + ε) · w` over the last axis.
+fn rms_norm(x: Tensor<3>, weight: &Param<Tensor<1>>, eps: f64) -> Tensor<3> {
+    let [b, s, d] = x.dims();
+    let variance = x.clone().powi_scalar(2).mean_dim(2);
+    let normed = x * (variance + eps).sqrt().recip();
+    normed * weight.val().reshape([1, 1, d]).expand([b, s, d])
+}
+
+/// `x · W` for `x` `[b, s, in]` and `W` `[in, out]`.
+fn project(x: Tensor<3>, weight: &Param<Tensor<2>>) -> Tensor<3> {
+    let [b, s, i] = x.dims();
+    let out = weight.val().dims()[1];
+    x.reshape([b * s, i])
+        .matmul(weight.val())
+        .reshape([b, s, out])
+}
+
+impl Eagle3Draft {
+    /// Loads a draft directory (`config.json`, `model.safetensors` under SpecForge's tensor
+    /// names, with `d2t` and `t2d`). The target's embedding comes from `embedding`
+    /// (`[target_vocab, d]`) when given, else from the file's `embed_tokens.weight`.
+    pub fn load(
+        dir: impl AsRef<Path>,
+        embedding: Option<Tensor<2>>,
+        device: &Device,
+    ) -> Result<Self> {
+        let dir = dir.as_ref();
+        let config = Eagle3Config::from_file(dir.join("config.json"))?;
+        let file = WeightsFile::open(&dir.join(WEIGHTS_FILE))?;
+        let c = &config.llama;
+        let (d, vocab) = (c.hidden_size, c.vocab_size);
+        let (q_out, kv_out) = (
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        );
+        let inter = c.intermediate_size;
+        let dv = config.draft_vocab_size;
+        // [out, in] on disk (nn.Linear), [in, out] here.
+        let linear = |name: &str, out: usize, input: usize| -> Result<Param<Tensor<2>>> {
+            let v = file.floats(name, &[out, input])?;
+            let data = TensorData::new(v, [out, input]);
+            Ok(Param::from_tensor(
+                Tensor::<2>::from_data(data, (device, DType::F32)).transpose(),
+            ))
+        };
+        let vector = |name: &str| -> Result<Param<Tensor<1>>> {
+            let v = file.floats(name, &[d])?;
+            Ok(Param::from_tensor(Tensor::from_data(
+                TensorData::new(v, [d]),
+                (device, DType::F32),
+            )))
+        };
+        let embedding = match embedding {
+            Some(e) => {
+                if e.dims() != [vocab, d] {
+                    return Err(ModelError::Input(format!(
+                        "the target embedding is {:?}; the draft at {} expects [{vocab}, {d}]",
+                        e.dims(),
+                        dir.display()
+                    )));
+                }
+                e
+            }
+            None if file.has("embed_tokens.weight") => {
+                let v = file.floats("embed_tokens.weight", &[vocab, d])?;
+                Tensor::from_data(TensorData::new(v, [vocab, d]), (device, DType::F32))
+            }
+            None => {
+                return Err(ModelError::Input(format!(
+                    "{} has no embed_tokens.weight (SpecForge does not export it): pass the \
+                     target's embedding",
+                    dir.display()
+                )));
+            }
+        };
+        let d2t = file.ints("d2t")?;
+        if d2t.len() != dv {
+            return Err(file.error("d2t", format!("{} entries, expected {dv}", d2t.len())));
+        }
+        let vocab_map = DraftVocab::from_d2t(&d2t, vocab)?;
+        let rope = Rope::new(c);
+        Ok(Self {
+            fc: linear("fc.weight", d, 3 * config.target_hidden_size)?,
+            embed_tokens: Param::from_tensor(embedding).set_require_grad(false),
+            input_layernorm: vector("midlayer.input_layernorm.weight")?,
+            hidden_norm: vector("midlayer.hidden_norm.weight")?,
+            q_proj: linear("midlayer.self_attn.q_proj.weight", q_out, 2 * d)?,
+            k_proj: linear("midlayer.self_attn.k_proj.weight", kv_out, 2 * d)?,
+            v_proj: linear("midlayer.self_attn.v_proj.weight", kv_out, 2 * d)?,
+            o_proj: linear("midlayer.self_attn.o_proj.weight", d, q_out)?,
+            post_attention_layernorm: vector("midlayer.post_attention_layernorm.weight")?,
+            gate_proj: linear("midlayer.mlp.gate_proj.weight", inter, d)?,
+            up_proj: linear("midlayer.mlp.up_proj.weight", inter, d)?,
+            down_proj: linear("midlayer.mlp.down_proj.weight", d, inter)?,
+            norm: vector("norm.weight")?,
+            lm_head: linear("lm_head.weight", dv, d)?,
+            config,
+            vocab: vocab_map,
+            rope,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Eagle3Config {
+        &self.config
+    }
+
+    /// The draft vocabulary.
+    pub fn vocab(&self) -> &DraftVocab {
+        &self.vocab
+    }
+
+    /// `fc` over the target's features `[batch, seq, 3·d_target]` (low, mid, high layers
+    /// concatenated): the hidden input of step 0, `[batch, seq, d]`.
+    pub fn fuse(&self, features: Tensor<3>) -> Tensor<3> {
+        project(features, &self.fc)
+    }
+
+    /// One TTT step: `ids` `[batch, seq]` (the step's tokens), `hidden` `[batch, seq, d]` (the
+    /// fused features at step 0, the previous step's output after), positions `t + step`
+    /// where `step` is the number of steps in `cache`. Returns the step's hidden output
+    /// (before the final norm), `[batch, seq, d]`. Rows are right-padded or full: a query
+    /// never reads a later position.
+    pub fn step(&self, ids: Tensor<2, Int>, hidden: Tensor<3>, cache: &mut TttCache) -> Tensor<3> {
+        let c = &self.config.llama;
+        let [b, s] = ids.dims();
+        let (h, kv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let d = c.hidden_size;
+        let eps = c.rms_norm_eps;
+        let device = hidden.device();
+        let step = cache.steps();
+
+        let embedded = self
+            .embed_tokens
+            .val()
+            .select(0, ids.reshape([b * s]))
+            .reshape([b, s, d]);
+        let residual = hidden.clone();
+        let x = Tensor::cat(
+            vec![
+                rms_norm(embedded, &self.input_layernorm, eps),
+                rms_norm(hidden, &self.hidden_norm, eps),
+            ],
+            2,
+        );
+        let positions: Vec<i64> = (0..b)
+            .flat_map(|_| (0..s).map(move |t| (t + step) as i64))
+            .collect();
+        let (cos, sin) = self.rope.tables(&positions, b, s, DType::F32, &device);
+        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, hd]).swap_dims(1, 2);
+        let q = apply_rotary(heads(project(x.clone(), &self.q_proj), h), &cos, &sin);
+        let k = apply_rotary(heads(project(x.clone(), &self.k_proj), kv), &cos, &sin);
+        let v = heads(project(x, &self.v_proj), kv);
+        cache.keys.push(k);
+        cache.values.push(v);
+
+        let groups = h / kv;
+        let repeat = |t: &Tensor<4>| {
+            t.clone()
+                .unsqueeze_dim::<5>(2)
+                .expand([b, kv, groups, s, hd])
+                .reshape([b, h, s, hd])
+        };
+        let scale = 1.0 / (hd as f64).sqrt();
+        // Step 0's keys, causally: [b, h, s, s].
+        let k0 = repeat(&cache.keys[0]);
+        let v0 = repeat(&cache.values[0]);
+        let causal: Tensor<2, Bool> = Tensor::<2, Int>::ones([s, s], &device).triu(1).bool();
+        let mut logits = vec![
+            q.clone()
+                .matmul(k0.swap_dims(2, 3))
+                .mul_scalar(scale)
+                .mask_fill(
+                    causal.unsqueeze::<4>().expand([b, h, s, s]),
+                    f32::NEG_INFINITY,
+                ),
+        ];
+        // Each later step's key at the query's own position: [b, h, s, 1] each.
+        let later: Vec<(Tensor<4>, Tensor<4>)> = (1..cache.keys.len())
+            .map(|i| (repeat(&cache.keys[i]), repeat(&cache.values[i])))
+            .collect();
+        for (ki, _) in &later {
+            logits.push((q.clone() * ki.clone()).sum_dim(3).mul_scalar(scale));
+        }
+        let weights = softmax(Tensor::cat(logits, 3), 3);
+        let mut out = weights.clone().slice([0..b, 0..h, 0..s, 0..s]).matmul(v0);
+        for (i, (_, vi)) in later.into_iter().enumerate() {
+            let a = weights.clone().slice([0..b, 0..h, 0..s, s + i..s + i + 1]);
+            out = out + a * vi;
+        }
+        let attn = project(out.swap_dims(1, 2).reshape([b, s, h * hd]), &self.o_proj);
+        let hidden = residual + attn;
+        let normed = rms_norm(hidden.clone(), &self.post_attention_layernorm, eps);
+        let mlp = project(
+            silu(project(normed.clone(), &self.gate_proj)) * project(normed, &self.up_proj),
+            &self.down_proj,
+        );
+        hidden + mlp
+    }
+
+    /// The draft's logits over its vocabulary, `[batch, seq, draft_vocab]`, from a step's
+    /// hidden output.
+    pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
+        let eps = self.config.llama.rms_norm_eps;
+        project(rms_norm(hidden, &self.norm, eps), &self.lm_head)
+    }
+
+    /// `steps` TTT steps from the target's features: the ids shift left by one per step
+    /// (token 0 fills the end), each step reads the previous one's hidden output. Returns
+    /// each step's logits `[batch, seq, draft_vocab]`.
+    pub fn unroll(&self, ids: Tensor<2, Int>, features: Tensor<3>, steps: usize) -> Vec<Tensor<3>> {
+        let [b, s] = ids.dims();
+        let device = ids.device();
+        let mut cache = TttCache::new();
+        let mut hidden = self.fuse(features);
+        let mut ids = ids;
+        let mut out = Vec::with_capacity(steps);
+        for step in 0..steps {
+            if step > 0 {
+                ids = Tensor::cat(
+                    vec![
+                        ids.slice([0..b, 1..s]),
+                        Tensor::<2, Int>::zeros([b, 1], &device),
+                    ],
+                    1,
+                );
+            }
+            hidden = self.step(ids.clone(), hidden, &mut cache);
+            out.push(self.logits(hidden.clone()));
+        }
+        out
+    }
+
+    /// The tensors under SpecForge's names (`[out, in]` as nn.Linear holds them), for export;
+    /// the embedding is left out, as SpecForge's SGLang export does.
+    pub fn named_tensors(&self) -> BTreeMap<String, TensorData> {
+        let mut out = BTreeMap::new();
+        let mut linear = |name: &str, p: &Param<Tensor<2>>| {
+            out.insert(name.to_string(), p.val().transpose().into_data());
+        };
+        linear("fc.weight", &self.fc);
+        linear("midlayer.self_attn.q_proj.weight", &self.q_proj);
+        linear("midlayer.self_attn.k_proj.weight", &self.k_proj);
+        linear("midlayer.self_attn.v_proj.weight", &self.v_proj);
+        linear("midlayer.self_attn.o_proj.weight", &self.o_proj);
+        linear("midlayer.mlp.gate_proj.weight", &self.gate_proj);
+        linear("midlayer.mlp.up_proj.weight", &self.up_proj);
+        linear("midlayer.mlp.down_proj.weight", &self.down_proj);
+        linear("lm_head.weight", &self.lm_head);
+        for (name, p) in [
+            ("midlayer.input_layernorm.weight", &self.input_layernorm),
+            ("midlayer.hidden_norm.weight", &self.hidden_norm),
+            (
+                "midlayer.post_attention_layernorm.weight",
+                &self.post_attention_layernorm,
+            ),
+            ("norm.weight", &self.norm),
+        ] {
+            out.insert(name.to_string(), p.val().into_data());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vocab_rule_ties_and_padding() {
+        // Ties at the cut go to the lower id; chosen ids come back ascending.
+        let v = DraftVocab::from_counts(&[5, 1, 3, 3, 0, 3], 3).unwrap();
+        assert_eq!(v.target_ids(), &[0, 2, 3]);
+        assert_eq!(v.d2t(), vec![0, 1, 1]);
+        assert_eq!(v.t2d(), vec![true, false, true, true, false, false]);
+        // Fewer tokens seen than the size: the smallest unseen ids below the size fill in.
+        let v = DraftVocab::from_counts(&[0, 0, 7, 0, 0, 9], 4).unwrap();
+        assert_eq!(v.target_ids(), &[0, 1, 2, 5]);
+        assert_eq!(DraftVocab::from_d2t(&v.d2t(), 6).unwrap(), v);
+        assert!(DraftVocab::from_counts(&[1, 2], 3).is_err());
+        assert!(DraftVocab::from_d2t(&[0, -1], 4).is_err());
+        assert!(DraftVocab::from_d2t(&[0, 5], 4).is_err());
+    }
+
+    #[test]
+    fn config_names_what_is_wrong() {
+        let base = r#"{"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 1, "vocab_size": 96, "rms_norm_eps": 1e-5,
+            "draft_vocab_size": 32}"#;
+        let c = Eagle3Config::from_json_str(base).unwrap();
+        assert_eq!((c.draft_vocab_size, c.target_hidden_size), (32, 64));
+        let err = Eagle3Config::from_json_str(&base.replace("Eagle3", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("architectures"), "{err}");
+        let err =
+            Eagle3Config::from_json_str(&base.replace("\"draft_vocab_size\": 32", "\"x\": 1"))
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("draft_vocab_size"), "{err}");
+        let err = Eagle3Config::from_json_str(&base.replace("32}", "300}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("draft_vocab_size"), "{err}");
+    }
+}

@@ -1,0 +1,223 @@
+//! EAGLE-3 drafts against `fixtures/eagle3/` (SpecForge's `LlamaForCausalLMEagle3` re-implemented
+//! in PyTorch by `fixtures/make_eagle3_golden.py`): `fc`, three TTT steps' hidden outputs and
+//! logits against the float64 reference, bounded by 3× the reference's own float32 spread; the
+//! draft vocabulary by SpecForge's rule exactly; the export under SpecForge's names.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use kd_model::{DraftVocab, Eagle3Draft};
+use safetensors::{Dtype, SafeTensors};
+
+use crate::util::{cpu, fixtures};
+
+/// Values of a safetensors file as f64 (floats, ints and bools alike), with shapes.
+fn read(name: &str) -> HashMap<String, (Vec<usize>, Vec<f64>)> {
+    let path: PathBuf = fixtures().join("eagle3").join(name);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(k, v)| {
+            let d = v.data();
+            let values: Vec<f64> = match v.dtype() {
+                Dtype::F64 => d
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+                Dtype::F32 => d
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                Dtype::I64 => d
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                Dtype::BOOL => d.iter().map(|&b| b as f64).collect(),
+                other => panic!("{k}: unexpected dtype {other:?}"),
+            };
+            (k, (v.shape().to_vec(), values))
+        })
+        .collect()
+}
+
+fn draft() -> Eagle3Draft {
+    Eagle3Draft::load(fixtures().join("eagle3"), None, &cpu()).unwrap()
+}
+
+fn host(t: Tensor<3>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().unwrap()
+}
+
+/// Max |ours − f64| over rows `t < rows` of `[batch, seq, width]` tensors, and the bound:
+/// 3 × max |f32 − f64| of the reference itself.
+fn compare(name: &str, ours: &[f32], rows: usize) -> (f64, f64) {
+    let f64s = read("golden_f64.safetensors");
+    let f32s = read("golden_f32.safetensors");
+    let (shape, reference) = &f64s[name];
+    let (_, reference32) = &f32s[name];
+    let (seq, width) = (shape[1], shape[2]);
+    let mut worst = 0.0f64;
+    let mut spread = 0.0f64;
+    for (i, (r, r32)) in reference.iter().zip(reference32).enumerate() {
+        if (i / width) % seq >= rows {
+            continue;
+        }
+        worst = worst.max((ours[i] as f64 - r).abs());
+        spread = spread.max((r32 - r).abs());
+    }
+    let bound = 3.0 * spread;
+    eprintln!(
+        "{name}: max |Δ| vs float64 {worst:.3e} (bound {bound:.3e}, 3 × the reference's float32 spread over the same rows)"
+    );
+    (worst, bound)
+}
+
+#[test]
+fn ttt_steps_match_specforge() {
+    let draft = draft();
+    let inputs = read("inputs.safetensors");
+    let device = cpu();
+    let (ids_shape, ids) = &inputs["input_ids"];
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new(
+            ids.iter().map(|&v| v as i64).collect::<Vec<_>>(),
+            [ids_shape[0], ids_shape[1]],
+        ),
+        &device,
+    );
+    let (shape, features) = &inputs["hidden_states"];
+    let features = Tensor::<3>::from_data(
+        TensorData::new(
+            features.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            [shape[0], shape[1], shape[2]],
+        ),
+        (&device, DType::F32),
+    );
+    let seq = shape[1];
+
+    let (worst, bound) = compare("fc_out", &host(draft.fuse(features.clone())), seq);
+    assert!(worst <= bound, "fc_out: {worst} > {bound}");
+
+    // The steps one by one, so that each step's hidden output is checked too.
+    let mut cache = kd_model::TttCache::new();
+    let mut hidden = draft.fuse(features.clone());
+    let mut step_ids = ids.clone();
+    let mut logits = Vec::new();
+    for k in 0..3 {
+        if k > 0 {
+            step_ids = Tensor::cat(
+                vec![
+                    step_ids.slice([0..2, 1..seq]),
+                    Tensor::<2, Int>::zeros([2, 1], &device),
+                ],
+                1,
+            );
+        }
+        hidden = draft.step(step_ids.clone(), hidden, &mut cache);
+        // SpecForge's two attention backends differ on the last k rows of step k (rows that
+        // no loss counts): compare the rows where they agree.
+        let rows = seq - k;
+        let (worst, bound) = compare(&format!("step{k}.hidden_out"), &host(hidden.clone()), rows);
+        assert!(worst <= bound, "step {k} hidden: {worst} > {bound}");
+        let l = host(draft.logits(hidden.clone()));
+        let (worst, bound) = compare(&format!("step{k}.logits"), &l, rows);
+        assert!(worst <= bound, "step {k} logits: {worst} > {bound}");
+        logits.push(l);
+    }
+    // `unroll` is the same computation in one call.
+    let unrolled = draft.unroll(ids, features, 3);
+    for (k, (a, b)) in unrolled.into_iter().zip(&logits).enumerate() {
+        assert_eq!(&host(a), b, "unroll step {k}");
+    }
+}
+
+#[test]
+fn draft_vocab_follows_specforge_rule() {
+    let inputs = read("inputs.safetensors");
+    let golden = read("golden_f64.safetensors");
+    for case in ["a", "b"] {
+        let counts: Vec<u64> = inputs[&format!("vocab.counts_{case}")]
+            .1
+            .iter()
+            .map(|&c| c as u64)
+            .collect();
+        let vocab = DraftVocab::from_counts(&counts, 32).unwrap();
+        let d2t: Vec<f64> = vocab.d2t().iter().map(|&v| v as f64).collect();
+        let t2d: Vec<f64> = vocab.t2d().iter().map(|&v| v as u8 as f64).collect();
+        assert_eq!(
+            d2t,
+            golden[&format!("vocab.d2t_{case}")].1,
+            "d2t, case {case}"
+        );
+        assert_eq!(
+            t2d,
+            golden[&format!("vocab.t2d_{case}")].1,
+            "t2d, case {case}"
+        );
+    }
+    // The draft file's own mapping reads back to the same vocabulary.
+    let draft = draft();
+    let file = read("model.safetensors");
+    let d2t: Vec<f64> = draft.vocab().d2t().iter().map(|&v| v as f64).collect();
+    assert_eq!(d2t, file["d2t"].1);
+    let t2d: Vec<f64> = draft
+        .vocab()
+        .t2d()
+        .iter()
+        .map(|&v| v as u8 as f64)
+        .collect();
+    assert_eq!(t2d, file["t2d"].1);
+}
+
+#[test]
+fn export_names_and_values_are_specforge_s() {
+    let draft = draft();
+    let file = read("model.safetensors");
+    let ours = draft.named_tensors();
+    for (name, data) in &ours {
+        let (shape, values) = file
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not a SpecForge tensor name"));
+        assert_eq!(&data.shape().to_vec(), shape, "{name}");
+        let v: Vec<f64> = data
+            .try_to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        assert_eq!(&v, values, "{name}");
+    }
+    // Everything but the mapping and the (target's) embedding is exported.
+    let expected = file
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "d2t" | "t2d" | "embed_tokens.weight"))
+        .count();
+    assert_eq!(ours.len(), expected);
+}
+
+#[test]
+fn a_missing_embedding_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixtures().join("eagle3/config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(k, _)| k != "embed_tokens.weight")
+        .collect();
+    safetensors::serialize_to_file(kept, None, &dir.path().join("model.safetensors")).unwrap();
+    let err = Eagle3Draft::load(dir.path(), None, &cpu())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("embed_tokens.weight"), "{err}");
+    // Given the target's embedding, it loads.
+    let embedding = draft().embed_tokens.val();
+    Eagle3Draft::load(dir.path(), Some(embedding), &cpu()).unwrap();
+}
