@@ -58,7 +58,9 @@ pub use device::{
     Adapter, GraphicsApi, adapters, cuda_compiled, describe, gpus_available, parse_device,
     parse_device_list, wgpu_compiled,
 };
-pub use eagle3::{DraftVocab, EAGLE3_ARCHITECTURE, Eagle3Config, Eagle3Draft, TttCache};
+pub use eagle3::{
+    DraftKvCache, DraftVocab, EAGLE3_ARCHITECTURE, Eagle3Config, Eagle3Draft, TttCache,
+};
 pub use error::{ModelError, Result};
 pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
 pub use gguf::unpermute_rows;

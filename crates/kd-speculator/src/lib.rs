@@ -29,6 +29,7 @@
 mod acceptance;
 mod config;
 mod data;
+pub mod eagle3;
 mod error;
 mod loss;
 mod observe;

@@ -68,6 +68,45 @@ impl Eagle3Config {
         Self::parse(text, Path::new("<memory>"))
     }
 
+    /// The draft SpecForge builds for a target: the target's width, heads, MLP width, RoPE and
+    /// norm, one layer, and a draft vocabulary of `draft_vocab_size` tokens.
+    pub fn for_target(target: &LlamaConfig, draft_vocab_size: usize) -> Result<Self> {
+        let mut llama = target.clone();
+        llama.num_hidden_layers = 1;
+        llama.tie_word_embeddings = false;
+        llama.attention_bias = false;
+        llama.mlp_bias = false;
+        if draft_vocab_size == 0 || draft_vocab_size > llama.vocab_size {
+            return Err(ModelError::Input(format!(
+                "draft vocabulary of {draft_vocab_size} tokens: expected 1 to the target's \
+                 vocab_size {}",
+                llama.vocab_size
+            )));
+        }
+        Ok(Self {
+            target_hidden_size: target.hidden_size,
+            draft_vocab_size,
+            llama,
+        })
+    }
+
+    /// The `config.json` SpecForge writes: a Llama configuration with the EAGLE-3
+    /// architecture and `draft_vocab_size` (and `target_hidden_size` when it differs).
+    pub fn to_json(&self) -> Value {
+        let mut value = self.llama.to_json();
+        if let Some(map) = value.as_object_mut() {
+            map.insert(
+                "architectures".into(),
+                Value::Array(vec![Value::String(EAGLE3_ARCHITECTURE.into())]),
+            );
+            map.insert("draft_vocab_size".into(), self.draft_vocab_size.into());
+            if self.target_hidden_size != self.llama.hidden_size {
+                map.insert("target_hidden_size".into(), self.target_hidden_size.into());
+            }
+        }
+        value
+    }
+
     fn parse(text: &str, path: &Path) -> Result<Self> {
         let mut value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
             path: path.to_path_buf(),
@@ -164,6 +203,55 @@ impl TttCache {
     /// Steps run so far.
     pub fn steps(&self) -> usize {
         self.keys.len()
+    }
+}
+
+/// The draft layer's keys and values while decoding, `[1, kv_heads, len, head_dim]`; rolled
+/// back with [`DraftKvCache::truncate`] when drafted positions are rejected.
+#[derive(Debug, Default)]
+pub struct DraftKvCache {
+    kv: Option<(Tensor<4>, Tensor<4>)>,
+}
+
+impl DraftKvCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.kv.as_ref().map_or(0, |(k, _)| k.dims()[2])
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps the first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len() {
+            return;
+        }
+        self.kv = self.kv.take().and_then(|(k, v)| {
+            (len > 0).then(|| {
+                let [b, h, _, d] = k.dims();
+                (
+                    k.slice([0..b, 0..h, 0..len, 0..d]),
+                    v.slice([0..b, 0..h, 0..len, 0..d]),
+                )
+            })
+        });
+    }
+
+    fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let kv = match self.kv.take() {
+            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
+            None => (k, v),
+        };
+        self.kv = Some(kv.clone());
+        kv
     }
 }
 
@@ -385,6 +473,210 @@ impl Eagle3Draft {
             vocab: vocab_map,
             rope,
         })
+    }
+
+    /// A fresh draft for training: projections drawn from N(0, 0.02²) (transformers' Llama
+    /// initialisation, which SpecForge keeps), norms at one; `embedding` is the target's
+    /// `[target_vocab, d]`, frozen. Seed the device first for a reproducible draw.
+    pub fn new(
+        config: Eagle3Config,
+        vocab: DraftVocab,
+        embedding: Tensor<2>,
+        device: &Device,
+    ) -> Result<Self> {
+        let c = &config.llama;
+        let (d, target_vocab) = (c.hidden_size, c.vocab_size);
+        if embedding.dims() != [target_vocab, d] {
+            return Err(ModelError::Input(format!(
+                "the target embedding is {:?}; the draft expects [{target_vocab}, {d}]",
+                embedding.dims()
+            )));
+        }
+        if vocab.len() != config.draft_vocab_size || vocab.target_vocab() != target_vocab {
+            return Err(ModelError::Input(format!(
+                "a draft vocabulary of {} over {} target tokens for a draft of {} over {}",
+                vocab.len(),
+                vocab.target_vocab(),
+                config.draft_vocab_size,
+                target_vocab
+            )));
+        }
+        let (q_out, kv_out) = (
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        );
+        let inter = c.intermediate_size;
+        let dv = config.draft_vocab_size;
+        let linear = |input: usize, out: usize| {
+            Param::from_tensor(Tensor::<2>::random(
+                [input, out],
+                burn::tensor::Distribution::Normal(0.0, 0.02),
+                (device, DType::F32),
+            ))
+        };
+        let ones = || Param::from_tensor(Tensor::<1>::ones([d], (device, DType::F32)));
+        Ok(Self {
+            fc: linear(3 * config.target_hidden_size, d),
+            embed_tokens: Param::from_tensor(embedding).set_require_grad(false),
+            input_layernorm: ones(),
+            hidden_norm: ones(),
+            q_proj: linear(2 * d, q_out),
+            k_proj: linear(2 * d, kv_out),
+            v_proj: linear(2 * d, kv_out),
+            o_proj: linear(q_out, d),
+            post_attention_layernorm: ones(),
+            gate_proj: linear(d, inter),
+            up_proj: linear(d, inter),
+            down_proj: linear(inter, d),
+            norm: ones(),
+            lm_head: linear(d, dv),
+            rope: Rope::new(c),
+            config,
+            vocab,
+        })
+    }
+
+    /// Writes the draft as SpecForge exports it for serving: `config.json` and
+    /// `model.safetensors` (f32, SpecForge's names, `d2t` and `t2d`, no embedding), both
+    /// atomically.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = self
+            .named_tensors()
+            .into_iter()
+            .map(|(name, data)| {
+                let shape = data.shape().to_vec();
+                let values: Vec<f32> = data
+                    .convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .expect("converted to f32");
+                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                (name, Dtype::F32, shape, bytes)
+            })
+            .collect();
+        let d2t = self.vocab.d2t();
+        tensors.push((
+            "d2t".into(),
+            Dtype::I64,
+            vec![d2t.len()],
+            d2t.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ));
+        let t2d = self.vocab.t2d();
+        tensors.push((
+            "t2d".into(),
+            Dtype::BOOL,
+            vec![t2d.len()],
+            t2d.iter().map(|&b| b as u8).collect(),
+        ));
+        struct View<'a>(Dtype, &'a [usize], &'a [u8]);
+        impl safetensors::View for View<'_> {
+            fn dtype(&self) -> Dtype {
+                self.0
+            }
+            fn shape(&self) -> &[usize] {
+                self.1
+            }
+            fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+                std::borrow::Cow::Borrowed(self.2)
+            }
+            fn data_len(&self) -> usize {
+                self.2.len()
+            }
+        }
+        let metadata = Some(std::collections::HashMap::from([(
+            "format".to_string(),
+            "pt".to_string(),
+        )]));
+        let path = dir.join(WEIGHTS_FILE);
+        let bytes = safetensors::serialize(
+            tensors
+                .iter()
+                .map(|(n, dt, shape, bytes)| (n.as_str(), View(*dt, shape, bytes))),
+            metadata,
+        )
+        .map_err(|e| ModelError::Safetensors {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        crate::write_atomic(&path, &bytes)?;
+        let config =
+            serde_json::to_string_pretty(&self.config.to_json()).expect("a JSON value serialises");
+        crate::write_atomic(&dir.join("config.json"), config.as_bytes())
+    }
+
+    /// Decoding: runs new positions after what `cache` holds (plain causal attention over the
+    /// cache and the new positions, RoPE positions continuing from the cache's length), and
+    /// appends their keys and values. `ids` `[1, s]` are the tokens, `hidden` `[1, s, d]` the
+    /// hidden inputs (fused target features for positions the target has verified, the
+    /// draft's own output for drafted ones). Returns the hidden outputs `[1, s, d]`.
+    pub fn forward_cached(
+        &self,
+        ids: Tensor<2, Int>,
+        hidden: Tensor<3>,
+        cache: &mut DraftKvCache,
+    ) -> Tensor<3> {
+        let c = &self.config.llama;
+        let [b, s] = ids.dims();
+        let (h, kv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let d = c.hidden_size;
+        let eps = c.rms_norm_eps;
+        let device = hidden.device();
+        let past = cache.len();
+        let embedded = self
+            .embed_tokens
+            .val()
+            .select(0, ids.reshape([b * s]))
+            .reshape([b, s, d]);
+        let residual = hidden.clone();
+        let x = Tensor::cat(
+            vec![
+                rms_norm(embedded, &self.input_layernorm, eps),
+                rms_norm(hidden, &self.hidden_norm, eps),
+            ],
+            2,
+        );
+        let positions: Vec<i64> = (0..b)
+            .flat_map(|_| (0..s).map(move |t| (past + t) as i64))
+            .collect();
+        let (cos, sin) = self.rope.tables(&positions, b, s, DType::F32, &device);
+        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, hd]).swap_dims(1, 2);
+        let q = apply_rotary(heads(project(x.clone(), &self.q_proj), h), &cos, &sin);
+        let k = apply_rotary(heads(project(x.clone(), &self.k_proj), kv), &cos, &sin);
+        let v = heads(project(x, &self.v_proj), kv);
+        let (k, v) = cache.append(k, v);
+        let total = past + s;
+        let groups = h / kv;
+        let repeat = |t: Tensor<4>| {
+            t.unsqueeze_dim::<5>(2)
+                .expand([b, kv, groups, total, hd])
+                .reshape([b, h, total, hd])
+        };
+        let scale = 1.0 / (hd as f64).sqrt();
+        // New position t (absolute past + t) sees keys up to past + t.
+        let mut mask = vec![0i64; s * total];
+        for t in 0..s {
+            for key in past + t + 1..total {
+                mask[t * total + key] = 1;
+            }
+        }
+        let mask = Tensor::<2, Int>::from_data(TensorData::new(mask, [s, total]), &device)
+            .bool()
+            .unsqueeze::<4>()
+            .expand([b, h, s, total]);
+        let scores = q
+            .matmul(repeat(k).swap_dims(2, 3))
+            .mul_scalar(scale)
+            .mask_fill(mask, f32::NEG_INFINITY);
+        let out = softmax(scores, 3).matmul(repeat(v));
+        let attn = project(out.swap_dims(1, 2).reshape([b, s, h * hd]), &self.o_proj);
+        let hidden = residual + attn;
+        let normed = rms_norm(hidden.clone(), &self.post_attention_layernorm, eps);
+        let mlp = project(
+            silu(project(normed.clone(), &self.gate_proj)) * project(normed, &self.up_proj),
+            &self.down_proj,
+        );
+        hidden + mlp
     }
 
     /// The configuration.

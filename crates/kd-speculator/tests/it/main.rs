@@ -1,5 +1,6 @@
 //! The speculator pipeline end to end on the demo fixtures.
 
+mod eagle3;
 mod speculator;
 
 pub fn fixtures() -> std::path::PathBuf {
