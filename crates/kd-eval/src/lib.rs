@@ -28,10 +28,12 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod eagle3;
 mod error;
 mod report;
 mod speculative;
 
+pub use eagle3::{Eagle3Stats, eagle3_generate};
 pub use error::{EvalError, Result};
 pub use report::{AcceptanceReport, EvalOptions, EvalPhase, evaluate, expected_length};
 pub use speculative::{SpecConfig, SpecOutput, SpecStats, check_pair, speculative_generate};

@@ -98,6 +98,35 @@ fn ttt_training_lowers_the_loss_and_checkpoints_reload() {
     for (name, data) in trained.draft.named_tensors() {
         assert_eq!(reloaded.named_tensors()[&name], data, "{name}");
     }
+
+    // Speculative decoding with the trained draft returns the target's own greedy tokens.
+    let prompts: Vec<Vec<u32>> = examples
+        .iter()
+        .take(6)
+        .map(|e| e.input_ids[..e.prompt_len + 2].to_vec())
+        .collect();
+    let stop = target.config().eos_token_ids.clone();
+    let (ours, stats) =
+        kd_eval::eagle3_generate(&target, &reloaded, layers, &prompts, 3, 16, &stop).unwrap();
+    for (prompt, got) in prompts.iter().zip(&ours) {
+        let plain = target
+            .generate(
+                &[kd_model::SeededPrompt {
+                    ids: prompt,
+                    seed: 0,
+                }],
+                &kd_model::GenerateOptions::greedy(16),
+            )
+            .unwrap();
+        assert_eq!(got, &plain[0].ids, "prompt {prompt:?}");
+    }
+    eprintln!(
+        "EAGLE-3 greedy: {} verifications, acceptance {:.1}%, mean accepted length {:.2}",
+        stats.verifications,
+        100.0 * stats.acceptance_rate(),
+        stats.mean_accepted_length()
+    );
+    assert!(stats.verifications > 0 && stats.verifications < 6 * 16);
 }
 
 #[test]
