@@ -1,0 +1,289 @@
+//! An EAGLE-3 draft for a real target, end to end, measured by wall clock: the target writes
+//! completions of the training prompts, a fresh one-layer EAGLE-3 draft learns them with TTT,
+//! and greedy decoding of the held-out prompts runs with the target alone and with the draft,
+//! one prompt at a time, in the same process; outputs are checked equal.
+//!
+//! ```text
+//! fixtures/fetch-smollm2.sh
+//! cargo run --release -p kd-examples --example eagle3_study -- \
+//!     --target fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --out target/eagle3-smollm2
+//! ```
+//!
+//! The target's completions are kept in `OUT/completions.json` and reused by a rerun.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use kd_data::{ChatTokenizer, Example};
+use kd_model::{Eagle3Config, Eagle3Draft, GenerateOptions, Llama, SeededPrompt, parse_device};
+use kd_speculator::SpeculatorConfig;
+use kd_speculator::eagle3::{
+    Eagle3Loss, Eagle3Model, default_feature_layers, draft_vocab_from_examples,
+};
+use kd_train::{LogRecord, TrainConfig, TrainMode, TrainObserver, Trainer};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The target: a Hugging Face directory or a .gguf file.
+    #[arg(long)]
+    target: PathBuf,
+    /// OpenAI batch prompts (`*/batch_input.jsonl`).
+    #[arg(long, default_value = "fixtures/demo/data")]
+    data_dir: PathBuf,
+    /// Output directory (completions, checkpoints, training log).
+    #[arg(long)]
+    out: PathBuf,
+    /// Tokens the target writes per training prompt, and per held-out prompt when measuring.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Training epochs.
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// TTT steps.
+    #[arg(long, default_value_t = 7)]
+    ttt_length: usize,
+    /// Draft vocabulary size.
+    #[arg(long, default_value_t = 8192)]
+    draft_vocab_size: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    learning_rate: f64,
+    /// Tokens drafted per verification.
+    #[arg(long, default_value_t = 4)]
+    k: usize,
+    /// Use at most this many training prompts.
+    #[arg(long)]
+    max_train_prompts: Option<usize>,
+    /// Seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Measure this trained draft (a directory `OUT/draft` of an earlier run) instead of
+    /// training one.
+    #[arg(long)]
+    draft: Option<PathBuf>,
+}
+
+struct Print;
+
+impl TrainObserver for Print {
+    fn on_log(&mut self, r: &LogRecord) {
+        println!(
+            "  step {:>4}  loss {:.4}  lr {:.2e}  tokens/s {:.0}",
+            r.step, r.loss, r.learning_rate, r.tokens_per_second
+        );
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let device = parse_device("cpu")?;
+    device.seed(args.seed);
+    std::fs::create_dir_all(&args.out)?;
+    let target = Llama::load_for_inference(&args.target, &device)?;
+    let tc = target.config().clone();
+    let tokenizer = if args.target.is_file() {
+        ChatTokenizer::from_gguf(&args.target)?
+    } else {
+        ChatTokenizer::from_dir(&args.target)?
+    };
+    let config = SpeculatorConfig {
+        data_dir: args.data_dir.clone(),
+        seed: args.seed,
+        ..SpeculatorConfig::default()
+    };
+    let prompts = kd_speculator::load_prompts(&config, &tokenizer)?;
+    let mut train = prompts.train_prompts();
+    if let Some(n) = args.max_train_prompts {
+        train.truncate(n);
+    }
+    let held_out = prompts.eval_ids();
+    let stop = tc.eos_token_ids.clone();
+    println!(
+        "target {} ({} layers, width {}, vocabulary {}); {} training prompts, {} held out",
+        args.target.display(),
+        tc.num_hidden_layers,
+        tc.hidden_size,
+        tc.vocab_size,
+        train.len(),
+        held_out.len()
+    );
+
+    let layers = default_feature_layers(tc.num_hidden_layers);
+    let draft = match &args.draft {
+        Some(dir) => Eagle3Draft::load(dir, Some(target.embed_tokens.weight.val()), &device)?,
+        None => train_draft(&args, &target, &train, layers)?,
+    };
+
+    // 3. Greedy decoding of the held-out prompts: the target alone, then with the draft.
+    let mut options = GenerateOptions::greedy(args.max_new_tokens);
+    options.stop_token_ids = stop.clone();
+    let started = Instant::now();
+    let mut plain = Vec::with_capacity(held_out.len());
+    for (i, p) in held_out.iter().enumerate() {
+        let c = target.generate(
+            &[SeededPrompt {
+                ids: p,
+                seed: i as u64,
+            }],
+            &options,
+        )?;
+        plain.push(c.into_iter().next().map(|c| c.ids).unwrap_or_default());
+    }
+    let plain_seconds = started.elapsed().as_secs_f64();
+    let plain_tokens: usize = plain.iter().map(Vec::len).sum();
+    let (ours, stats) = kd_eval::eagle3_generate(
+        &target,
+        &draft,
+        layers,
+        &held_out,
+        args.k,
+        args.max_new_tokens,
+        &stop,
+    )?;
+    let equal = ours == plain;
+    let plain_rate = plain_tokens as f64 / plain_seconds;
+    println!(
+        "held-out prompts: {}, batch 1, greedy, k = {}",
+        held_out.len(),
+        args.k
+    );
+    println!(
+        "target alone:  {plain_tokens} tokens in {plain_seconds:.1} s = {plain_rate:.1} tokens/s"
+    );
+    println!(
+        "with EAGLE-3:  {} tokens in {:.1} s = {:.1} tokens/s = {:.2}× the target alone \
+         (draft {:.1} s of it)",
+        stats.generated,
+        stats.seconds,
+        stats.tokens_per_second(),
+        stats.tokens_per_second() / plain_rate,
+        stats.draft_seconds
+    );
+    println!(
+        "acceptance {:.1}%, mean accepted length {:.2} (τ = {:.2} tokens per target pass), \
+         {} verifications; outputs equal to the target alone: {equal}",
+        100.0 * stats.acceptance_rate(),
+        stats.mean_accepted_length(),
+        1.0 + stats.mean_accepted_length(),
+        stats.verifications
+    );
+    println!(
+        "cost: a target pass over k + 1 = {} tokens {:.1} ms against {:.1} ms per token alone \
+         ({:.2}×); the draft {:.1} ms per verification ({:.2} of a target token)",
+        args.k + 1,
+        1e3 * (stats.seconds - stats.draft_seconds) / stats.verifications.max(1) as f64,
+        1e3 * plain_seconds / plain_tokens.max(1) as f64,
+        ((stats.seconds - stats.draft_seconds) / stats.verifications.max(1) as f64)
+            / (plain_seconds / plain_tokens.max(1) as f64),
+        1e3 * stats.draft_seconds / stats.verifications.max(1) as f64,
+        (stats.draft_seconds / stats.verifications.max(1) as f64)
+            / (plain_seconds / plain_tokens.max(1) as f64)
+    );
+    anyhow::ensure!(equal, "greedy outputs differ from the target alone");
+    Ok(())
+}
+
+/// The target's completions of the training prompts (kept in `OUT/completions.json`), then a
+/// fresh draft trained on them with TTT (saved to `OUT/draft`).
+fn train_draft(
+    args: &Args,
+    target: &Llama,
+    train: &[kd_teacher::Prompt],
+    layers: [usize; 3],
+) -> Result<Eagle3Draft> {
+    let tc = target.config();
+    let device = target.embed_tokens.weight.val().device();
+    let stop = tc.eos_token_ids.clone();
+    // 1. The target's completions of the training prompts (kept for reruns).
+    let cache = args.out.join("completions.json");
+    let completions: Vec<Vec<u32>> = match std::fs::read_to_string(&cache) {
+        Ok(text) => serde_json::from_str(&text).context("completions.json")?,
+        Err(_) => {
+            let started = Instant::now();
+            let mut all = Vec::with_capacity(train.len());
+            let mut options = GenerateOptions::greedy(args.max_new_tokens);
+            options.stop_token_ids = stop.clone();
+            for chunk in train.chunks(32) {
+                let seeded: Vec<SeededPrompt<'_>> = chunk
+                    .iter()
+                    .map(|p| SeededPrompt {
+                        ids: &p.ids,
+                        seed: p.index,
+                    })
+                    .collect();
+                for c in target.generate(&seeded, &options)? {
+                    all.push(c.ids);
+                }
+            }
+            let tokens: usize = all.iter().map(Vec::len).sum();
+            println!(
+                "generated {tokens} tokens in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            kd_model::write_atomic(&cache, serde_json::to_string(&all)?.as_bytes())?;
+            all
+        }
+    };
+    let examples: Vec<Example> = train
+        .iter()
+        .zip(&completions)
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(p, c)| {
+            let mut ids = p.ids.clone();
+            ids.extend(c);
+            let mut labels = vec![-100i64; p.ids.len()];
+            labels.extend(c.iter().map(|&t| t as i64));
+            Example {
+                id: format!("prompt-{}", p.index),
+                input_ids: ids,
+                labels,
+                prompt_len: p.ids.len(),
+            }
+        })
+        .collect();
+
+    // 2. A fresh EAGLE-3 draft, trained with TTT.
+    let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, args.draft_vocab_size)?;
+    let draft = Eagle3Draft::new(
+        Eagle3Config::for_target(tc, vocab.len())?,
+        vocab,
+        target.embed_tokens.weight.val(),
+        &device,
+    )?;
+    let loss = Eagle3Loss {
+        target,
+        layers,
+        ttt_length: args.ttt_length,
+    };
+    let train_config = TrainConfig {
+        output_dir: args.out.join("train"),
+        mode: TrainMode::Full,
+        num_epochs: args.epochs,
+        learning_rate: args.learning_rate,
+        train_batch_size: 8,
+        gradient_accumulation_steps: 1,
+        logging_steps: 10,
+        save_steps: 0,
+        seed: args.seed,
+        ..TrainConfig::default()
+    };
+    println!(
+        "training: features of layers {layers:?}, draft vocabulary {}, TTT {} steps, {} epochs",
+        draft.config().draft_vocab_size,
+        args.ttt_length,
+        args.epochs
+    );
+    let started = Instant::now();
+    let (trained, summary) = Trainer::new(train_config, &loss)
+        .observer(&mut Print)
+        .run(Eagle3Model { draft }, &examples)?;
+    println!(
+        "trained {} steps in {:.1} s",
+        summary.global_step,
+        started.elapsed().as_secs_f64()
+    );
+    trained.draft.save(args.out.join("draft"))?;
+    Ok(trained.draft)
+}
