@@ -28,6 +28,8 @@ mod load;
 mod loss;
 mod roll_keys;
 mod run;
+mod setup;
+mod watch;
 
 pub use config::{
     DataArgs, DeviceMapping, DistillConfig, FileNames, LoraTarget, LrScheduler, ModelArgs,
@@ -37,7 +39,5 @@ pub use config::{
 pub use error::{PipelineError, Result};
 pub use load::{LoadedConfig, config_file, load, to_yaml};
 pub use loss::{DistillLoss, EvalSums, evaluate_batches};
-pub use run::{
-    DistillObserver, DistillPhase, DistillSummary, QuietDistill, TEMPLATE_NAMES, Validation,
-    chat_tokenizer, lora_config, read_examples, run, train_config,
-};
+pub use run::{DistillObserver, DistillPhase, DistillSummary, QuietDistill, Validation, run};
+pub use setup::{TEMPLATE_NAMES, chat_tokenizer, lora_config, read_examples, train_config};

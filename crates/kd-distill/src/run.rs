@@ -7,31 +7,27 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn::module::Module;
 use burn::tensor::Device;
-use kd_data::{
-    BadRecordPolicy, Batch, BatchOptions, ChatTemplate, ChatTokenizer, Example, ExampleOptions,
-    QaKeys, QaSource, Truncation, collate, plan_batches, special_tokens,
-};
-use kd_lora::{LoraConfig, TargetModules};
-use kd_model::{Llama, LlamaConfig, parse_device};
+use kd_data::{Batch, BatchOptions, ChatTokenizer, Example, Truncation, collate, plan_batches};
+use kd_model::Llama;
 use kd_teacher::{
     LocalTeacher, RemoteConfig, RemoteTeacher, ScoreCache, ScoreCacheManifest, ScoreOptions,
     Scores, Teacher, model_fingerprint, sequences_hash,
 };
 use serde::Serialize;
 
-use super::config::{
-    DistillConfig, LrScheduler, ModelDType, ResumeFrom, TrackWith, TransferBackend,
-};
-use super::loss::{DistillLoss, EvalSums, evaluate_batches};
+use super::config::{DistillConfig, ModelDType, ResumeFrom, TrackWith, TransferBackend};
+use super::loss::DistillLoss;
 use crate::error::{PipelineError, Result};
+use crate::setup::{
+    chat_tokenizer, check_same_family, lora_config, read_examples, train_config, worker_device,
+};
+use crate::watch::{RollMetrics, Validator};
 use kd_pipeline::on_policy::{OnPolicy, OnPolicyConfig, OnPolicyData, OnPolicyTotals};
-use kd_pipeline::vocab::{VocabDifference, vocab_difference};
+use kd_train::TrainMode;
 use kd_train::checkpoint::step_checkpoints;
 use kd_train::metrics::{LogRecord, TensorBoard, TrainObserver};
-use kd_train::{ModelFiles, StepHook, TrainError, TrainModel, TrainSummary, Trainer};
-use kd_train::{SchedulerType, TrainConfig, TrainMode};
+use kd_train::{ModelFiles, TrainModel, TrainSummary, Trainer};
 
 /// The stages of a run, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -121,229 +117,6 @@ pub struct DistillSummary {
     pub warnings: Vec<String>,
 }
 
-/// The chat template names `data_args.template` accepts besides a path to a Jinja file.
-pub const TEMPLATE_NAMES: [&str; 2] = ["native", "qwen2_5"];
-
-/// Qwen2.5's chat template (ChatML) without the tool-calling branches, as ROLL's `qwen2_5`.
-const QWEN2_5_TEMPLATE: &str = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or (message.role == 'assistant') %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
-
-/// The student's tokenizer with the template `data_args.template` names: `native` (absent =
-/// native: the student's own), `qwen2_5`, or a path to a Jinja file.
-pub fn chat_tokenizer(student: &Path, template: Option<&str>) -> Result<ChatTokenizer> {
-    let tok = ChatTokenizer::from_dir(student)?;
-    let name = template.unwrap_or("native").trim();
-    // The special tokens a template may name (`bos_token`, …), from the student's files.
-    let special = || {
-        let v: serde_json::Value = std::fs::read_to_string(student.join("tokenizer_config.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        special_tokens(&v)
-    };
-    match name {
-        "native" => {
-            if tok.template().is_none() {
-                return Err(PipelineError::Config(format!(
-                    "`data_args.template: native`: the student {} has no chat template in its \
-                     tokenizer files; name one of {:?} or a Jinja file",
-                    student.display(),
-                    &TEMPLATE_NAMES[1..]
-                )));
-            }
-            Ok(tok)
-        }
-        "qwen2_5" => Ok(tok.with_template(ChatTemplate::new(QWEN2_5_TEMPLATE, special())?)),
-        path if Path::new(path).is_file() => {
-            let source = std::fs::read_to_string(path)
-                .map_err(|e| PipelineError::io(PathBuf::from(path), e))?;
-            Ok(tok.with_template(ChatTemplate::new(&source, special())?))
-        }
-        other => Err(PipelineError::Config(format!(
-            "`data_args.template`: unknown template `{other}`; available: {} or a path to a \
-             Jinja file",
-            TEMPLATE_NAMES
-                .iter()
-                .map(|n| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
-    }
-}
-
-/// Tokenized question/answer examples of `files`.
-pub fn read_examples(
-    config: &DistillConfig,
-    tokenizer: &ChatTokenizer,
-    files: &[PathBuf],
-    what: &str,
-) -> Result<(Vec<Example>, Truncation)> {
-    for f in files {
-        if !f.is_file() {
-            return Err(PipelineError::Config(format!(
-                "{what}: data file {} does not exist",
-                f.display()
-            )));
-        }
-    }
-    let source = QaSource {
-        files: files.to_vec(),
-        keys: QaKeys {
-            question_key: config.question_key.clone(),
-            answer_key: config.answer_key.clone(),
-            ..QaKeys::default()
-        },
-        policy: BadRecordPolicy::Error,
-    };
-    let options = ExampleOptions {
-        max_seq_length: config.sequence_length,
-        train_on_prompt: config.distill_on_prompt,
-    };
-    let max = config.student.data_args.max_samples.unwrap_or(usize::MAX);
-    let mut examples = Vec::new();
-    let mut cut = Truncation::default();
-    for record in source.records().take(max) {
-        let (e, t) = tokenizer.qa_example(&record?, &options)?;
-        cut.add(t);
-        examples.push(e);
-    }
-    if examples.is_empty() {
-        return Err(PipelineError::Config(format!(
-            "{what}: no records in {}",
-            files
-                .iter()
-                .map(|f| f.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
-    Ok((examples, cut))
-}
-
-/// The device of a worker: its first GPU where this build reaches one (CUDA, or a hardware
-/// wgpu adapter), the CPU otherwise.
-fn worker_device(
-    mapping: Option<&super::config::DeviceMapping>,
-    what: &str,
-    warnings: &mut Vec<String>,
-) -> Result<Device> {
-    match mapping.and_then(|m| m.0.first()) {
-        Some(gpu) if kd_model::gpus_available() => {
-            let device = parse_device(&gpu.to_string())?;
-            if mapping.is_some_and(|m| m.0.len() > 1) {
-                warnings.push(format!(
-                    "`{what}.device_mapping` names {} GPUs; this toolkit runs a worker on one \
-                     device: GPU {gpu} ({})",
-                    mapping.map_or(0, |m| m.0.len()),
-                    kd_model::describe(&device)
-                ));
-            }
-            Ok(device)
-        }
-        Some(_) => {
-            warnings.push(format!(
-                "`{what}.device_mapping` names GPUs, but this build reaches none (no CUDA, no \
-                 hardware wgpu adapter): the {what} runs on the CPU"
-            ));
-            Ok(Device::flex())
-        }
-        None => Ok(Device::flex()),
-    }
-}
-
-fn check_same_family(
-    student: &LlamaConfig,
-    teacher: &LlamaConfig,
-    student_tok: &ChatTokenizer,
-    teacher_dir: &Path,
-) -> Result<()> {
-    let same_type = "ROLL's distill pipeline (and this one) needs a student and a teacher of the \
-                     same type, sharing one tokenizer";
-    let teacher_tok = if kd_pipeline::models::has_tokenizer(teacher_dir) {
-        Some(ChatTokenizer::from_dir(teacher_dir)?)
-    } else {
-        None
-    };
-    match vocab_difference(
-        (student, Some(student_tok)),
-        (teacher, teacher_tok.as_ref()),
-    ) {
-        None => Ok(()),
-        Some(VocabDifference::Size { first, second }) => Err(PipelineError::Config(format!(
-            "vocabulary mismatch: the student has {first} tokens, the teacher {second}; {same_type}"
-        ))),
-        Some(VocabDifference::Map {
-            first, differing, ..
-        }) => Err(PipelineError::Config(format!(
-            "tokenizer mismatch: {differing} of the student's {first} tokens map to other ids in \
-             the teacher's tokenizer ({}); {same_type}",
-            teacher_dir.display()
-        ))),
-    }
-}
-
-/// The trainer's settings of a run.
-pub fn train_config(config: &DistillConfig) -> TrainConfig {
-    let t = &config.student.training_args;
-    let max_steps = if config.max_steps > 0 {
-        Some(config.max_steps as usize)
-    } else if t.max_steps > 0 {
-        Some(t.max_steps as usize)
-    } else {
-        None
-    };
-    TrainConfig {
-        output_dir: config.output_dir.clone(),
-        mode: if config.student.model_args.lora_target.is_some() {
-            TrainMode::Lora
-        } else {
-            TrainMode::Full
-        },
-        num_epochs: t.num_train_epochs.ceil().max(1.0) as usize,
-        max_steps,
-        learning_rate: t.learning_rate,
-        warmup_ratio: t.warmup_ratio,
-        warmup_steps: (t.warmup_steps > 0).then_some(t.warmup_steps),
-        scheduler_type: match t.lr_scheduler_type {
-            LrScheduler::Linear => SchedulerType::Linear,
-            LrScheduler::Cosine => SchedulerType::Cosine,
-            LrScheduler::Constant => SchedulerType::Constant,
-        },
-        weight_decay: t.weight_decay,
-        adam_beta1: t.adam_beta1,
-        adam_beta2: t.adam_beta2,
-        adam_epsilon: t.adam_epsilon,
-        max_grad_norm: t.max_grad_norm,
-        train_batch_size: t.per_device_train_batch_size,
-        gradient_accumulation_steps: t.gradient_accumulation_steps,
-        accumulation_shards: 1,
-        save_steps: config.save_steps,
-        save_total_limit: (config.max_ckpt_to_keep > 0).then_some(config.max_ckpt_to_keep),
-        save_epoch_checkpoints: false,
-        logging_steps: config.logging_steps,
-        seed: config.seed,
-        resume_from_checkpoint: match &config.resume_from_checkpoint {
-            ResumeFrom::No => None,
-            ResumeFrom::Latest => Some("latest".into()),
-            ResumeFrom::Path(p) => Some(p.display().to_string()),
-        },
-        ..TrainConfig::default()
-    }
-}
-
-/// The LoRA settings of the student (when `lora_target` is set).
-pub fn lora_config(config: &DistillConfig) -> Option<LoraConfig> {
-    let m = &config.student.model_args;
-    let target = m.lora_target.as_ref()?;
-    let r = m.lora_rank.unwrap_or(8);
-    Some(LoraConfig {
-        r,
-        alpha: m.lora_alpha.unwrap_or(2.0 * r as f64),
-        dropout: m.lora_dropout,
-        target_modules: TargetModules::Names(target.modules()),
-        use_rslora: false,
-    })
-}
-
 fn score_all(
     teacher: &dyn Teacher,
     examples: &[Example],
@@ -375,129 +148,6 @@ fn score_all(
         progress(p.prompts_done, total)
     })?;
     Ok(scores)
-}
-
-/// Validation every `eval_steps` (and after the last step), written to TensorBoard.
-struct Validator<'a> {
-    batches: Vec<Batch>,
-    scores: &'a [Scores],
-    kd: kd_loss::KdConfig,
-    every: usize,
-    tb: Option<&'a RefCell<TensorBoard>>,
-    results: Vec<Validation>,
-    observer: &'a RefCell<&'a mut dyn DistillObserver>,
-}
-
-impl Validator<'_> {
-    fn validate(&mut self, step: usize, llama: &Llama) -> Result<Validation> {
-        let started = Instant::now();
-        let sums: EvalSums = evaluate_batches(llama, &self.batches, self.scores, &self.kd)?;
-        let v = Validation {
-            step,
-            val_loss: sums.ce(),
-            kd_loss: sums.kd(),
-            alpha: sums.kd.acceptance_rate(),
-            top1_agreement: sums.kd.top1_agreement(),
-            tokens: sums.tokens(),
-            seconds: started.elapsed().as_secs_f64(),
-        };
-        if let Some(tb) = self.tb {
-            let mut tb = tb.borrow_mut();
-            tb.scalar("student/val_loss", v.val_loss, step)?;
-            tb.scalar("student/val_distill_loss", v.kd_loss, step)?;
-            tb.scalar("student/val_alpha", v.alpha, step)?;
-            tb.scalar("student/val_top1_agreement", v.top1_agreement, step)?;
-            tb.scalar("time/val", v.seconds, step)?;
-        }
-        self.results.push(v);
-        Ok(v)
-    }
-}
-
-impl StepHook for Validator<'_> {
-    fn after_step(
-        &mut self,
-        step: usize,
-        total: usize,
-        model: &TrainModel,
-    ) -> kd_train::Result<()> {
-        if self.batches.is_empty() {
-            return Ok(());
-        }
-        let due = (self.every > 0 && step.is_multiple_of(self.every)) || step == total;
-        if !due {
-            return Ok(());
-        }
-        let v = self
-            .validate(step, &model.llama.valid())
-            .map_err(TrainError::step)?;
-        self.observer.borrow_mut().on_validation(&v);
-        Ok(())
-    }
-}
-
-/// Forwards training events and writes ROLL's training metrics.
-struct RollMetrics<'a> {
-    inner: &'a RefCell<&'a mut dyn DistillObserver>,
-    tb: Option<&'a RefCell<TensorBoard>>,
-    last_log: Option<LogRecord>,
-    step_started: Instant,
-    step_seconds: f64,
-    steps_in_window: usize,
-    error: Option<PipelineError>,
-}
-
-impl RollMetrics<'_> {
-    fn write(&mut self, r: &LogRecord) -> Result<()> {
-        let Some(tb) = self.tb else {
-            return Ok(());
-        };
-        let mut tb = tb.borrow_mut();
-        let step = r.step;
-        tb.scalar("train/loss", r.loss, step)?;
-        for (k, v) in &r.terms {
-            tb.scalar(&format!("train/{k}"), *v, step)?;
-        }
-        tb.scalar("student/lr", r.learning_rate, step)?;
-        tb.scalar("student/grad_norm", r.grad_norm, step)?;
-        let per_step = self.step_seconds / self.steps_in_window.max(1) as f64;
-        tb.scalar("train/student_train_step", per_step, step)?;
-        tb.scalar("train/step_train", per_step, step)?;
-        tb.scalar("train/tokens_per_second", r.tokens_per_second, step)?;
-        tb.scalar("system/step", step as f64, step)?;
-        Ok(())
-    }
-}
-
-impl TrainObserver for RollMetrics<'_> {
-    fn on_start(&mut self, start: usize, total: usize) {
-        self.step_started = Instant::now();
-        self.inner.borrow_mut().on_start(start, total);
-    }
-    fn on_step(&mut self, step: usize, loss: f64) {
-        // From the end of the previous step (its logging, checkpoint and validation included).
-        self.step_seconds += self.step_started.elapsed().as_secs_f64();
-        self.step_started = Instant::now();
-        self.steps_in_window += 1;
-        self.inner.borrow_mut().on_step(step, loss);
-    }
-    fn on_log(&mut self, record: &LogRecord) {
-        if self.error.is_none()
-            && let Err(e) = self.write(record)
-        {
-            self.error = Some(e);
-        }
-        self.step_seconds = 0.0;
-        self.steps_in_window = 0;
-        self.last_log = Some(record.clone());
-        self.inner.borrow_mut().on_log(record);
-    }
-    fn on_checkpoint(&mut self, path: &Path) {
-        self.inner.borrow_mut().on_checkpoint(path);
-    }
-    fn on_skipped_step(&mut self, step: usize) {
-        self.inner.borrow_mut().on_skipped_step(step);
-    }
 }
 
 /// Runs the pipeline: setup, the data, the models, the teacher's scores (cached), then
