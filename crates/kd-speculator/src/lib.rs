@@ -34,6 +34,7 @@ mod error;
 mod loss;
 mod observe;
 mod run;
+mod settings;
 mod setup;
 mod tools;
 
@@ -43,10 +44,8 @@ pub use data::{Examples, PromptSet, build_examples, eval_count, load_prompts};
 pub use error::{PipelineError, Result};
 pub use loss::{SpeculatorLoss, TeacherTargets};
 pub use observe::{Phase, Quiet, SpeculatorObserver};
-pub use run::{
-    SpeculatorSummary, eval_options, generation_params, lora_config, on_policy_config, run,
-    train_config,
-};
+pub use run::{SpeculatorSummary, run};
+pub use settings::{eval_options, generation_params, lora_config, on_policy_config, train_config};
 pub use setup::{
     ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, TEACHER_CACHE_DIR, check_output_dir,
     check_vocabularies, setup, teacher_cache_dir,

@@ -5,14 +5,13 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kd_eval::{EvalOptions, SpecConfig, evaluate};
-use kd_lora::{LoraConfig, TargetModules, derive_seed};
+use kd_eval::{EvalOptions, evaluate};
+use kd_lora::derive_seed;
 use kd_loss::HiddenProjection;
-use kd_model::{Llama, Sampling};
+use kd_model::Llama;
 use kd_teacher::{
-    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, Prompt,
-    RemoteConfig, RemoteTeacher, ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest,
-    ScoreOptions, Scores, Teacher, model_fingerprint, prompts_hash, sequences_hash, template_hash,
+    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, Prompt, ScoreCache,
+    ScoreCacheManifest, ScoreOptions, Scores, prompts_hash, sequences_hash, template_hash,
 };
 
 use crate::acceptance::{
@@ -24,12 +23,15 @@ use crate::data::{Examples, build_examples};
 use crate::error::{PipelineError, Result};
 use crate::loss::{SpeculatorLoss, TeacherTargets};
 use crate::observe::{Phase, SpeculatorObserver};
+use crate::settings::{
+    TeacherBackend, eval_options, generation_params, load_teacher, lora_config, on_policy_config,
+    train_config,
+};
 use crate::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup, teacher_cache_dir};
-use kd_pipeline::on_policy::{OnPolicy, OnPolicyConfig};
+use kd_pipeline::on_policy::OnPolicy;
 use kd_pipeline::on_policy::{OnPolicyData, OnPolicyTotals};
 use kd_train::metrics::{LogRecord, TensorBoard};
 use kd_train::{ModelFiles, TrainModel, TrainSummary, Trainer};
-use kd_train::{TrainConfig, TrainMode};
 
 /// How a run went.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,154 +61,6 @@ pub struct SpeculatorSummary {
     pub acceptance_path: Option<PathBuf>,
     /// Non-fatal problems met on the way.
     pub warnings: Vec<String>,
-}
-
-/// The teacher of a run.
-enum TeacherBackend {
-    Local(Box<LocalTeacher>),
-    Replicated(ReplicatedTeacher<LocalTeacher>),
-    Remote(Box<RemoteTeacher>, Option<Box<Llama>>),
-}
-
-impl TeacherBackend {
-    fn teacher(&self) -> &dyn Teacher {
-        match self {
-            Self::Local(t) => t.as_ref(),
-            Self::Replicated(t) => t,
-            Self::Remote(t, _) => t.as_ref(),
-        }
-    }
-
-    /// The target's weights here, for speculative decoding.
-    fn target(&self) -> Option<&Llama> {
-        match self {
-            Self::Local(t) => Some(t.model()),
-            Self::Replicated(t) => Some(t.replicas()[0].model()),
-            Self::Remote(_, m) => m.as_deref(),
-        }
-    }
-}
-
-fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBackend> {
-    let dir = &config.target_model;
-    if let Some(url) = &config.teacher_url {
-        let remote = RemoteTeacher::new(RemoteConfig {
-            url: url.clone(),
-            api: config.teacher_api,
-            model: config.teacher_model_name.clone(),
-            vocab_size: Some(setup.draft_config.vocab_size),
-            max_concurrency: config.teacher_max_concurrency,
-            request_timeout_s: config.teacher_timeout_s,
-            max_retries: config.teacher_max_retries,
-            fingerprint: setup
-                .target_config
-                .as_ref()
-                .map(|_| model_fingerprint(dir))
-                .transpose()?,
-            ..RemoteConfig::default()
-        })?;
-        let local = match &setup.target_config {
-            Some(_) => Some(Box::new(Llama::load_for_inference(
-                dir,
-                &setup.target_devices[0],
-            )?)),
-            None => None,
-        };
-        return Ok(TeacherBackend::Remote(Box::new(remote), local));
-    }
-    let fingerprint = model_fingerprint(dir)?;
-    let mut replicas = Vec::with_capacity(setup.target_devices.len());
-    for device in &setup.target_devices {
-        let model = Llama::load_for_inference(dir, device)?;
-        replicas.push(LocalTeacher::new(
-            model,
-            config.batch_size,
-            fingerprint.clone(),
-        ));
-    }
-    Ok(if replicas.len() == 1 {
-        TeacherBackend::Local(Box::new(replicas.pop().expect("one replica")))
-    } else {
-        TeacherBackend::Replicated(ReplicatedTeacher::new(replicas)?)
-    })
-}
-
-/// The target's sampling parameters of a run.
-pub fn generation_params(config: &SpeculatorConfig) -> SamplingParams {
-    SamplingParams {
-        max_new_tokens: config.max_new_tokens,
-        temperature: config.generation_temperature,
-        top_k: config.generation_top_k,
-        top_p: config.generation_top_p,
-        seed: config.seed,
-        ..SamplingParams::default()
-    }
-}
-
-/// The acceptance measurement of a run.
-pub fn eval_options(config: &SpeculatorConfig) -> EvalOptions {
-    EvalOptions {
-        spec: SpecConfig {
-            k: config.eval_k,
-            max_new_tokens: config.eval_max_new_tokens,
-            sampling: Sampling::temperature(config.eval_temperature),
-            stop_token_ids: Vec::new(),
-        },
-        batch_size: config.eval_batch_size,
-        seed: config.seed,
-        baselines: true,
-        cost_ratio: None,
-    }
-}
-
-/// The LoRA settings of a run.
-pub fn lora_config(config: &SpeculatorConfig) -> LoraConfig {
-    LoraConfig {
-        r: config.lora_r,
-        alpha: config.lora_alpha,
-        dropout: config.lora_dropout,
-        target_modules: TargetModules::Names(config.lora_target_modules.clone()),
-        use_rslora: false,
-    }
-}
-
-/// The trainer's settings of a run.
-pub fn train_config(config: &SpeculatorConfig) -> TrainConfig {
-    TrainConfig {
-        output_dir: config.output_dir.clone(),
-        mode: TrainMode::Lora,
-        num_epochs: config.num_epochs,
-        learning_rate: config.learning_rate,
-        warmup_ratio: config.warmup_ratio,
-        scheduler_type: config.scheduler_type,
-        weight_decay: config.weight_decay,
-        max_grad_norm: config.max_grad_norm,
-        train_batch_size: config.train_batch_size,
-        gradient_accumulation_steps: config.gradient_accumulation_steps,
-        save_steps: config.save_steps,
-        save_total_limit: Some(config.save_total_limit),
-        save_epoch_checkpoints: true,
-        logging_steps: config.logging_steps,
-        seed: config.seed,
-        resume_from_checkpoint: config.resume_from_checkpoint.clone(),
-        ..TrainConfig::default()
-    }
-}
-
-/// The on-policy settings of a run (λ = 0: none).
-pub fn on_policy_config(config: &SpeculatorConfig) -> OnPolicyConfig {
-    OnPolicyConfig {
-        ratio: config.on_policy_ratio,
-        temperature: config.on_policy_temperature,
-        top_p: config.on_policy_top_p,
-        top_k: 0,
-        max_new_tokens: config.on_policy_max_new_tokens(),
-        max_seq_length: config.max_seq_length,
-        match_length: config.on_policy_match_length,
-        teacher_top_k: config.kd_topk,
-        kd: SpeculatorLoss::kd_config(config.kd_objective(), config.temperature, config.kd_topk),
-        kd_weight: config.kd_weight,
-    }
 }
 
 /// Runs the pipeline: setup, the target's completions, its scores (when a loss term needs

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::SpeculatorConfig;
 use crate::error::{PipelineError, Result};
-use crate::run::{eval_options, generation_params, lora_config, train_config};
+use crate::settings::{eval_options, generation_params, lora_config, train_config};
 use crate::setup::{check_vocabularies, is_model_dir, setup, teacher_cache_dir};
 
 /// What `speculator eval` measures.
