@@ -79,6 +79,46 @@ fn ids_tensor(ids: &[u32], device: &burn::tensor::Device) -> Tensor<2, Int> {
     )
 }
 
+/// The draft reads this target: same vocabulary, features of the target's width.
+fn check_eagle3_pair(target: &Llama, draft: &Eagle3Draft) -> Result<()> {
+    let dc = &draft.config().llama;
+    let tc = target.config();
+    if dc.vocab_size != tc.vocab_size || draft.config().target_hidden_size != tc.hidden_size {
+        return Err(EvalError::Config(format!(
+            "the EAGLE-3 draft reads a target of vocabulary {} and width {}; this target has {} \
+             and {}",
+            dc.vocab_size,
+            draft.config().target_hidden_size,
+            tc.vocab_size,
+            tc.hidden_size
+        )));
+    }
+    Ok(())
+}
+
+/// `k` greedy drafts in a chain: the first from `hidden` (the draft's output at the last
+/// verified position), each next one from the draft's own output for the previous draft
+/// (appended to `cache`).
+fn draft_chain(
+    draft: &Eagle3Draft,
+    hidden: Tensor<3>,
+    k: usize,
+    cache: &mut DraftKvCache,
+) -> Vec<u32> {
+    let device = hidden.device();
+    let mut drafts: Vec<u32> = Vec::with_capacity(k);
+    let mut h = hidden;
+    for i in 0..k {
+        if i > 0 {
+            let prev = drafts[i - 1];
+            h = draft.forward_cached(ids_tensor(&[prev], &device), h, cache);
+        }
+        let l = to_host(draft.logits(h.clone()));
+        drafts.push(draft.vocab().target_id(argmax(&l)));
+    }
+    drafts
+}
+
 /// Greedy decoding of each prompt with `draft` proposing `k` tokens per target pass; `layers`
 /// are the target layers the draft reads (Hugging Face indexing), `stop` ends a row (kept).
 /// Returns the new tokens of each prompt and the run's statistics.
@@ -96,18 +136,9 @@ pub fn eagle3_generate(
             "k (tokens drafted per verification) must be at least 1".into(),
         ));
     }
+    check_eagle3_pair(target, draft)?;
     let dc = &draft.config().llama;
     let tc = target.config();
-    if dc.vocab_size != tc.vocab_size || draft.config().target_hidden_size != tc.hidden_size {
-        return Err(EvalError::Config(format!(
-            "the EAGLE-3 draft reads a target of vocabulary {} and width {}; this target has {} \
-             and {}",
-            dc.vocab_size,
-            draft.config().target_hidden_size,
-            tc.vocab_size,
-            tc.hidden_size
-        )));
-    }
     let started = Instant::now();
     let mut stats = Eagle3Stats::default();
     let mut outputs = Vec::with_capacity(prompts.len());
@@ -156,16 +187,7 @@ pub fn eagle3_generate(
         'rows: while out.len() < max_new_tokens {
             // 1. Draft k tokens.
             let t0 = Instant::now();
-            let mut drafts = Vec::with_capacity(k);
-            let mut h = last_h.clone();
-            for i in 0..k {
-                if i > 0 {
-                    let prev = *drafts.last().expect("a draft");
-                    h = draft.forward_cached(ids_tensor(&[prev], &device), h, &mut dcache);
-                }
-                let l = to_host(draft.logits(h.clone()));
-                drafts.push(draft.vocab().target_id(argmax(&l)));
-            }
+            let drafts = draft_chain(draft, last_h.clone(), k, &mut dcache);
             stats.draft_seconds += t0.elapsed().as_secs_f64();
             stats.drafted += k;
             // 2. Verify: the last verified token and the drafts.

@@ -24,236 +24,27 @@ use std::path::Path;
 use burn::module::{Module, Param};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Bool, DType, Device, Int, Tensor, TensorData};
-use safetensors::{Dtype, SafeTensors};
-use serde_json::Value;
+use safetensors::Dtype;
 
-use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::rope::{Rope, apply_rotary};
 
+mod cache;
+mod config;
+mod file;
 mod vocab;
 
+pub use cache::{DraftKvCache, TttCache};
+pub use config::Eagle3Config;
 pub use vocab::DraftVocab;
+
+use file::WeightsFile;
 
 /// The `architectures` entry of an EAGLE-3 draft's `config.json`.
 pub const EAGLE3_ARCHITECTURE: &str = "LlamaForCausalLMEagle3";
 
 /// The weights file of a draft directory.
 const WEIGHTS_FILE: &str = "model.safetensors";
-
-/// An EAGLE-3 draft's configuration: a one-layer Llama configuration plus the draft
-/// vocabulary's size and the target's width.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Eagle3Config {
-    /// The decoder layer's shape (`num_hidden_layers` 1), RoPE and norms; `vocab_size` is the
-    /// target's vocabulary.
-    pub llama: LlamaConfig,
-    /// Tokens the draft predicts (`draft_vocab_size`).
-    pub draft_vocab_size: usize,
-    /// Width of each target hidden state `fc` reads (`target_hidden_size`, default
-    /// `hidden_size`).
-    pub target_hidden_size: usize,
-}
-
-impl Eagle3Config {
-    /// Reads a `config.json` as SpecForge writes it.
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-        Self::parse(&text, path)
-    }
-
-    /// Parses the text of a `config.json`.
-    pub fn from_json_str(text: &str) -> Result<Self> {
-        Self::parse(text, Path::new("<memory>"))
-    }
-
-    /// The draft SpecForge builds for a target: the target's width, heads, MLP width, RoPE and
-    /// norm, one layer, and a draft vocabulary of `draft_vocab_size` tokens.
-    pub fn for_target(target: &LlamaConfig, draft_vocab_size: usize) -> Result<Self> {
-        let mut llama = target.clone();
-        llama.num_hidden_layers = 1;
-        llama.tie_word_embeddings = false;
-        llama.attention_bias = false;
-        llama.mlp_bias = false;
-        if draft_vocab_size == 0 || draft_vocab_size > llama.vocab_size {
-            return Err(ModelError::Input(format!(
-                "draft vocabulary of {draft_vocab_size} tokens: expected 1 to the target's \
-                 vocab_size {}",
-                llama.vocab_size
-            )));
-        }
-        Ok(Self {
-            target_hidden_size: target.hidden_size,
-            draft_vocab_size,
-            llama,
-        })
-    }
-
-    /// The `config.json` SpecForge writes: a Llama configuration with the EAGLE-3
-    /// architecture and `draft_vocab_size` (and `target_hidden_size` when it differs).
-    pub fn to_json(&self) -> Value {
-        let mut value = self.llama.to_json();
-        if let Some(map) = value.as_object_mut() {
-            map.insert(
-                "architectures".into(),
-                Value::Array(vec![Value::String(EAGLE3_ARCHITECTURE.into())]),
-            );
-            map.insert("draft_vocab_size".into(), self.draft_vocab_size.into());
-            if self.target_hidden_size != self.llama.hidden_size {
-                map.insert("target_hidden_size".into(), self.target_hidden_size.into());
-            }
-        }
-        value
-    }
-
-    fn parse(text: &str, path: &Path) -> Result<Self> {
-        let mut value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let Some(map) = value.as_object_mut() else {
-            return Err(ModelError::config(path, "<root>", "expected a JSON object"));
-        };
-        let is_eagle3 = map
-            .get("architectures")
-            .and_then(Value::as_array)
-            .is_some_and(|a| a.iter().any(|n| n.as_str() == Some(EAGLE3_ARCHITECTURE)));
-        if !is_eagle3 {
-            return Err(ModelError::config(
-                path,
-                "architectures",
-                format!("expected [\"{EAGLE3_ARCHITECTURE}\"]: this is not an EAGLE-3 draft"),
-            ));
-        }
-        let size = |key: &str| -> Result<Option<usize>> {
-            match map.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                    ModelError::config(path, key, "expected a non-negative integer")
-                }),
-            }
-        };
-        let draft_vocab_size = size("draft_vocab_size")?.ok_or_else(|| {
-            ModelError::config(
-                path,
-                "draft_vocab_size",
-                "missing: an EAGLE-3 draft names it",
-            )
-        })?;
-        let target_hidden_size = size("target_hidden_size")?;
-        // The rest is a Llama configuration: read it as one, with the same checks.
-        map.insert(
-            "architectures".into(),
-            Value::Array(vec![Value::String("LlamaForCausalLM".into())]),
-        );
-        for key in ["draft_vocab_size", "target_hidden_size"] {
-            map.remove(key);
-        }
-        let llama = LlamaConfig::from_json_str(&value.to_string()).map_err(|e| match e {
-            ModelError::Config { field, message, .. } => ModelError::Config {
-                path: path.to_path_buf(),
-                field,
-                message,
-            },
-            other => other,
-        })?;
-        if llama.num_hidden_layers != 1 {
-            return Err(ModelError::config(
-                path,
-                "num_hidden_layers",
-                format!(
-                    "{}: an EAGLE-3 draft has one layer",
-                    llama.num_hidden_layers
-                ),
-            ));
-        }
-        if draft_vocab_size == 0 || draft_vocab_size > llama.vocab_size {
-            return Err(ModelError::config(
-                path,
-                "draft_vocab_size",
-                format!(
-                    "{draft_vocab_size}: expected 1 to the target's vocab_size {}",
-                    llama.vocab_size
-                ),
-            ));
-        }
-        Ok(Self {
-            target_hidden_size: target_hidden_size.unwrap_or(llama.hidden_size),
-            draft_vocab_size,
-            llama,
-        })
-    }
-}
-
-/// The keys and values of the TTT steps run so far: step 0's for every position, and each
-/// later step's, of which a query reads only its own position's.
-#[derive(Debug, Default)]
-pub struct TttCache {
-    keys: Vec<Tensor<4>>,
-    values: Vec<Tensor<4>>,
-}
-
-impl TttCache {
-    /// An empty cache, for step 0.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Steps run so far.
-    pub fn steps(&self) -> usize {
-        self.keys.len()
-    }
-}
-
-/// The draft layer's keys and values while decoding, `[1, kv_heads, len, head_dim]`; rolled
-/// back with [`DraftKvCache::truncate`] when drafted positions are rejected.
-#[derive(Debug, Default)]
-pub struct DraftKvCache {
-    kv: Option<(Tensor<4>, Tensor<4>)>,
-}
-
-impl DraftKvCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.kv.as_ref().map_or(0, |(k, _)| k.dims()[2])
-    }
-
-    /// Whether no position is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Keeps the first `len` positions.
-    pub fn truncate(&mut self, len: usize) {
-        if len >= self.len() {
-            return;
-        }
-        self.kv = self.kv.take().and_then(|(k, v)| {
-            (len > 0).then(|| {
-                let [b, h, _, d] = k.dims();
-                (
-                    k.slice([0..b, 0..h, 0..len, 0..d]),
-                    v.slice([0..b, 0..h, 0..len, 0..d]),
-                )
-            })
-        });
-    }
-
-    fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        let kv = match self.kv.take() {
-            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
-            None => (k, v),
-        };
-        self.kv = Some(kv.clone());
-        kv
-    }
-}
 
 /// An EAGLE-3 draft. Projection weights are held `[in, out]`.
 #[derive(Module, Debug)]
@@ -292,85 +83,6 @@ pub struct Eagle3Draft {
     vocab: DraftVocab,
     #[module(skip)]
     rope: Rope,
-}
-
-/// Reads the tensors of one safetensors file as f32 (floats), i64 (`d2t`) or bool (`t2d`).
-struct WeightsFile {
-    path: std::path::PathBuf,
-    bytes: Vec<u8>,
-}
-
-impl WeightsFile {
-    fn open(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
-        SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            bytes,
-        })
-    }
-
-    fn tensors(&self) -> SafeTensors<'_> {
-        SafeTensors::deserialize(&self.bytes).expect("checked when opened")
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.tensors().tensor(name).is_ok()
-    }
-
-    fn error(&self, name: &str, message: String) -> ModelError {
-        ModelError::Safetensors {
-            path: self.path.clone(),
-            message: format!("{name}: {message}"),
-        }
-    }
-
-    fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let st = self.tensors();
-        let view = st
-            .tensor(name)
-            .map_err(|_| self.error(name, "missing".into()))?;
-        if view.shape() != shape {
-            return Err(self.error(
-                name,
-                format!("shape {:?}, expected {shape:?}", view.shape()),
-            ));
-        }
-        let data = view.data();
-        Ok(match view.dtype() {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => return Err(self.error(name, format!("dtype {other:?}, expected a float"))),
-        })
-    }
-
-    fn ints(&self, name: &str) -> Result<Vec<i64>> {
-        let st = self.tensors();
-        let view = st
-            .tensor(name)
-            .map_err(|_| self.error(name, "missing".into()))?;
-        match view.dtype() {
-            Dtype::I64 => Ok(view
-                .data()
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect()),
-            other => Err(self.error(name, format!("dtype {other:?}, expected I64"))),
-        }
-    }
 }
 
 /// `x · rsqrt(mean(x²) + ε) · w` over the last axis.
@@ -838,33 +550,5 @@ impl Eagle3Draft {
             out.insert(name.to_string(), p.val().into_data());
         }
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_names_what_is_wrong() {
-        let base = r#"{"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
-            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "num_hidden_layers": 1, "vocab_size": 96, "rms_norm_eps": 1e-5,
-            "draft_vocab_size": 32}"#;
-        let c = Eagle3Config::from_json_str(base).unwrap();
-        assert_eq!((c.draft_vocab_size, c.target_hidden_size), (32, 64));
-        let err = Eagle3Config::from_json_str(&base.replace("Eagle3", ""))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("architectures"), "{err}");
-        let err =
-            Eagle3Config::from_json_str(&base.replace("\"draft_vocab_size\": 32", "\"x\": 1"))
-                .unwrap_err()
-                .to_string();
-        assert!(err.contains("draft_vocab_size"), "{err}");
-        let err = Eagle3Config::from_json_str(&base.replace("32}", "300}"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("draft_vocab_size"), "{err}");
     }
 }
