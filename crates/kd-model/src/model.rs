@@ -135,7 +135,7 @@ fn module_seed(layer_seed: Option<u64>, index: u64) -> Option<u64> {
 }
 
 /// `[b, kv, t, d]` → `[b, kv · groups, t, d]`, each KV head repeated for its query group.
-fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
+pub(crate) fn repeat_kv(x: Tensor<4>, groups: usize) -> Tensor<4> {
     let [b, kv, t, d] = x.dims();
     x.unsqueeze_dim::<5>(2)
         .expand([b, kv, groups, t, d])

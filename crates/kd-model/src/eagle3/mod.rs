@@ -102,6 +102,13 @@ fn project(x: Tensor<3>, weight: &Param<Tensor<2>>) -> Tensor<3> {
         .reshape([b, s, out])
 }
 
+/// `[b, kv, t, d]` → `[b, heads, t, d]`: the model's `repeat_kv` with the group size of
+/// `heads` query heads.
+fn repeat_kv(x: Tensor<4>, heads: usize) -> Tensor<4> {
+    let groups = heads / x.dims()[1];
+    crate::model::repeat_kv(x, groups)
+}
+
 impl Eagle3Draft {
     /// Loads a draft directory (`config.json`, `model.safetensors` under SpecForge's tensor
     /// names, with `d2t` and `t2d`). The target's embedding comes from `embedding`
@@ -328,42 +335,16 @@ impl Eagle3Draft {
         hidden: Tensor<3>,
         cache: &mut DraftKvCache,
     ) -> Tensor<3> {
-        let c = &self.config.llama;
         let [b, s] = ids.dims();
-        let (h, kv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let d = c.hidden_size;
-        let eps = c.rms_norm_eps;
+        let (h, hd) = (
+            self.config.llama.num_attention_heads,
+            self.config.llama.head_dim,
+        );
         let device = hidden.device();
         let past = cache.len();
-        let embedded = self
-            .embed_tokens
-            .val()
-            .select(0, ids.reshape([b * s]))
-            .reshape([b, s, d]);
-        let residual = hidden.clone();
-        let x = Tensor::cat(
-            vec![
-                rms_norm(embedded, &self.input_layernorm, eps),
-                rms_norm(hidden, &self.hidden_norm, eps),
-            ],
-            2,
-        );
-        let positions: Vec<i64> = (0..b)
-            .flat_map(|_| (0..s).map(move |t| (past + t) as i64))
-            .collect();
-        let (cos, sin) = self.rope.tables(&positions, b, s, DType::F32, &device);
-        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, hd]).swap_dims(1, 2);
-        let q = apply_rotary(heads(project(x.clone(), &self.q_proj), h), &cos, &sin);
-        let k = apply_rotary(heads(project(x.clone(), &self.k_proj), kv), &cos, &sin);
-        let v = heads(project(x, &self.v_proj), kv);
+        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), past);
         let (k, v) = cache.append(k, v);
         let total = past + s;
-        let groups = h / kv;
-        let repeat = |t: Tensor<4>| {
-            t.unsqueeze_dim::<5>(2)
-                .expand([b, kv, groups, total, hd])
-                .reshape([b, h, total, hd])
-        };
         let scale = 1.0 / (hd as f64).sqrt();
         // New position t (absolute past + t) sees keys up to past + t.
         let mut mask = vec![0i64; s * total];
@@ -377,18 +358,11 @@ impl Eagle3Draft {
             .unsqueeze::<4>()
             .expand([b, h, s, total]);
         let scores = q
-            .matmul(repeat(k).swap_dims(2, 3))
+            .matmul(repeat_kv(k, h).swap_dims(2, 3))
             .mul_scalar(scale)
             .mask_fill(mask, f32::NEG_INFINITY);
-        let out = softmax(scores, 3).matmul(repeat(v));
-        let attn = project(out.swap_dims(1, 2).reshape([b, s, h * hd]), &self.o_proj);
-        let hidden = residual + attn;
-        let normed = rms_norm(hidden.clone(), &self.post_attention_layernorm, eps);
-        let mlp = project(
-            silu(project(normed.clone(), &self.gate_proj)) * project(normed, &self.up_proj),
-            &self.down_proj,
-        );
-        hidden + mlp
+        let out = softmax(scores, 3).matmul(repeat_kv(v, h));
+        self.finish(hidden, out)
     }
 
     /// The configuration.
@@ -413,49 +387,19 @@ impl Eagle3Draft {
     /// (before the final norm), `[batch, seq, d]`. Rows are right-padded or full: a query
     /// never reads a later position.
     pub fn step(&self, ids: Tensor<2, Int>, hidden: Tensor<3>, cache: &mut TttCache) -> Tensor<3> {
-        let c = &self.config.llama;
         let [b, s] = ids.dims();
-        let (h, kv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let d = c.hidden_size;
-        let eps = c.rms_norm_eps;
-        let device = hidden.device();
-        let step = cache.steps();
-
-        let embedded = self
-            .embed_tokens
-            .val()
-            .select(0, ids.reshape([b * s]))
-            .reshape([b, s, d]);
-        let residual = hidden.clone();
-        let x = Tensor::cat(
-            vec![
-                rms_norm(embedded, &self.input_layernorm, eps),
-                rms_norm(hidden, &self.hidden_norm, eps),
-            ],
-            2,
+        let (h, hd) = (
+            self.config.llama.num_attention_heads,
+            self.config.llama.head_dim,
         );
-        let positions: Vec<i64> = (0..b)
-            .flat_map(|_| (0..s).map(move |t| (t + step) as i64))
-            .collect();
-        let (cos, sin) = self.rope.tables(&positions, b, s, DType::F32, &device);
-        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, hd]).swap_dims(1, 2);
-        let q = apply_rotary(heads(project(x.clone(), &self.q_proj), h), &cos, &sin);
-        let k = apply_rotary(heads(project(x.clone(), &self.k_proj), kv), &cos, &sin);
-        let v = heads(project(x, &self.v_proj), kv);
+        let device = hidden.device();
+        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), cache.steps());
         cache.keys.push(k);
         cache.values.push(v);
-
-        let groups = h / kv;
-        let repeat = |t: &Tensor<4>| {
-            t.clone()
-                .unsqueeze_dim::<5>(2)
-                .expand([b, kv, groups, s, hd])
-                .reshape([b, h, s, hd])
-        };
         let scale = 1.0 / (hd as f64).sqrt();
         // Step 0's keys, causally: [b, h, s, s].
-        let k0 = repeat(&cache.keys[0]);
-        let v0 = repeat(&cache.values[0]);
+        let k0 = repeat_kv(cache.keys[0].clone(), h);
+        let v0 = repeat_kv(cache.values[0].clone(), h);
         let causal: Tensor<2, Bool> = Tensor::<2, Int>::ones([s, s], &device).triu(1).bool();
         let mut logits = vec![
             q.clone()
@@ -468,7 +412,12 @@ impl Eagle3Draft {
         ];
         // Each later step's key at the query's own position: [b, h, s, 1] each.
         let later: Vec<(Tensor<4>, Tensor<4>)> = (1..cache.keys.len())
-            .map(|i| (repeat(&cache.keys[i]), repeat(&cache.values[i])))
+            .map(|i| {
+                (
+                    repeat_kv(cache.keys[i].clone(), h),
+                    repeat_kv(cache.values[i].clone(), h),
+                )
+            })
             .collect();
         for (ki, _) in &later {
             logits.push((q.clone() * ki.clone()).sum_dim(3).mul_scalar(scale));
@@ -479,7 +428,55 @@ impl Eagle3Draft {
             let a = weights.clone().slice([0..b, 0..h, 0..s, s + i..s + i + 1]);
             out = out + a * vi;
         }
-        let attn = project(out.swap_dims(1, 2).reshape([b, s, h * hd]), &self.o_proj);
+        self.finish(hidden, out)
+    }
+
+    /// The decoder layer's input and projections: `cat(RMSNorm(embedding), RMSNorm(hidden))`,
+    /// then q `[b, heads, s, head_dim]` and k, v `[b, kv_heads, s, head_dim]`, with RoPE at
+    /// positions `first_position + t`.
+    fn attention_inputs(
+        &self,
+        ids: Tensor<2, Int>,
+        hidden: Tensor<3>,
+        first_position: usize,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let c = &self.config.llama;
+        let [b, s] = ids.dims();
+        let (h, kv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let eps = c.rms_norm_eps;
+        let device = hidden.device();
+        let embedded = self
+            .embed_tokens
+            .val()
+            .select(0, ids.reshape([b * s]))
+            .reshape([b, s, c.hidden_size]);
+        let x = Tensor::cat(
+            vec![
+                rms_norm(embedded, &self.input_layernorm, eps),
+                rms_norm(hidden, &self.hidden_norm, eps),
+            ],
+            2,
+        );
+        let positions: Vec<i64> = (0..b)
+            .flat_map(|_| (0..s).map(move |t| (first_position + t) as i64))
+            .collect();
+        let (cos, sin) = self.rope.tables(&positions, b, s, DType::F32, &device);
+        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, hd]).swap_dims(1, 2);
+        let q = apply_rotary(heads(project(x.clone(), &self.q_proj), h), &cos, &sin);
+        let k = apply_rotary(heads(project(x.clone(), &self.k_proj), kv), &cos, &sin);
+        let v = heads(project(x, &self.v_proj), kv);
+        (q, k, v)
+    }
+
+    /// The rest of the layer from the attention output `[b, heads, s, head_dim]`: `o_proj`,
+    /// the residual on the hidden stream, the post-attention norm and SwiGLU.
+    fn finish(&self, residual: Tensor<3>, attention: Tensor<4>) -> Tensor<3> {
+        let [b, h, s, hd] = attention.dims();
+        let eps = self.config.llama.rms_norm_eps;
+        let attn = project(
+            attention.swap_dims(1, 2).reshape([b, s, h * hd]),
+            &self.o_proj,
+        );
         let hidden = residual + attn;
         let normed = rms_norm(hidden.clone(), &self.post_attention_layernorm, eps);
         let mlp = project(
