@@ -63,6 +63,11 @@ struct Args {
     /// training one.
     #[arg(long)]
     draft: Option<PathBuf>,
+    /// Decode with 8-bit activations against the GGUF blocks (integer dot products, as
+    /// llama.cpp computes: `Llama::with_int8_activations`), for the target alone and with
+    /// the draft alike.
+    #[arg(long)]
+    int8: bool,
 }
 
 struct Print;
@@ -81,7 +86,7 @@ fn main() -> Result<()> {
     let device = parse_device("cpu")?;
     device.seed(args.seed);
     std::fs::create_dir_all(&args.out)?;
-    let target = Llama::load_for_inference(&args.target, &device)?;
+    let target = Llama::load_for_inference(&args.target, &device)?.with_int8_activations(args.int8);
     let tc = target.config().clone();
     let tokenizer = if args.target.is_file() {
         ChatTokenizer::from_gguf(&args.target)?

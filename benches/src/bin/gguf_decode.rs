@@ -5,8 +5,11 @@
 //!
 //! Our decode time is measured as the time of `prompt + N` tokens minus the time of
 //! `prompt + 1` token (the prefill and the first token), over `(N − 1) · batch` tokens.
-//! Ours twice: with the weights dequantised to f32 (`Llama::load`), and with the Q8_0/Q4
-//! blocks kept for decoding (`Llama::load_for_inference`, the one compared with llama.cpp).
+//! Ours three times: with the weights dequantised to f32 (`Llama::load`), with the Q8_0/Q4
+//! blocks kept for decoding (`Llama::load_for_inference`) and f32 activations, and with the
+//! blocks meeting 8-bit activations in integer dot products (`with_int8_activations`, as
+//! llama.cpp computes); the last two are compared with llama.cpp. `--verify 2,5,9` also times
+//! single cached passes over that many new tokens (a speculative verification's shape).
 //!
 //! `cargo run --release -p kd-benches --bin gguf_decode -- --llama-cpp-bin target/llama.cpp/bin`
 
@@ -17,7 +20,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kd_benches::median;
-use kd_model::{GenerateOptions, Llama, SeededPrompt, parse_device};
+use kd_model::{ForwardOptions, GenerateOptions, Llama, SeededPrompt, TokenBatch, parse_device};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -46,6 +49,10 @@ struct Args {
     /// embedding + head parts; llama.cpp is then not comparable and not run).
     #[arg(long)]
     keep_layers: Option<usize>,
+    /// Also time one cached pass over N new tokens after a prompt, batch 1, for each N given
+    /// (a speculative verification of N − 1 drafts costs one such pass), beside N = 1.
+    #[arg(long, value_delimiter = ',')]
+    verify: Vec<usize>,
     /// Directory with llama.cpp's `llama-batched-bench` (`fixtures/build-llama-server.sh`).
     #[arg(long)]
     llama_cpp_bin: Option<PathBuf>,
@@ -60,27 +67,30 @@ fn main() -> Result<()> {
             args.model.display()
         );
     }
+    if let Some(bad) = args.verify.iter().find(|n| **n == 0 || **n > 16) {
+        bail!("--verify {bad}: passes of 1 to 16 new tokens are timed");
+    }
     let device = parse_device("cpu")?;
     let mut ours = Vec::new();
-    for packed in [false, true] {
+    for label in ["f32", "packed", "int8"] {
         let start = Instant::now();
+        let packed = label != "f32";
         let mut model = if packed {
-            Llama::load_for_inference(&args.model, &device)?
+            Llama::load_for_inference(&args.model, &device)?.with_int8_activations(label == "int8")
         } else {
             Llama::load(&args.model, &device)?
         };
         if let Some(n) = args.keep_layers {
             model = model.keep_layers(&(0..n).collect::<Vec<_>>())?;
         }
-        let label = if packed { "packed" } else { "f32" };
         println!(
-            "loaded {} in {:.2} s ({})",
+            "loaded {} in {:.2} s ({label}: {})",
             args.model.display(),
             start.elapsed().as_secs_f64(),
-            if packed {
-                "f32 copy + Q8_0/Q4 blocks kept for decoding"
-            } else {
-                "dequantised to f32"
+            match label {
+                "f32" => "dequantised to f32",
+                "packed" => "f32 copy + Q8_0/Q4 blocks kept for decoding, f32 activations",
+                _ => "the blocks with 8-bit activations, integer dot products",
             }
         );
         let vocab = model.config().vocab_size as u64;
@@ -109,8 +119,11 @@ fn main() -> Result<()> {
             let s = median(speeds);
             println!("ours {label:>6} batch {b}: {s:.1} tokens/s (decode after the prompt)");
             if packed {
-                ours.push((b, s));
+                ours.push((label, b, s));
             }
+        }
+        if !args.verify.is_empty() {
+            verification_passes(&model, &args, label)?;
         }
     }
 
@@ -148,16 +161,50 @@ fn main() -> Result<()> {
         let v: serde_json::Value = serde_json::from_str(line)?;
         let (pl, tg) = (v["pl"].as_u64(), v["speed_tg"].as_f64());
         if let (Some(pl), Some(tg)) = (pl, tg) {
-            let mine = ours.iter().find(|(b, _)| *b as u64 == pl).map(|(_, s)| *s);
-            match mine {
-                Some(m) => println!(
-                    "llama.cpp batch {pl}: {tg:.1} tokens/s (S_TG, {} threads) -> ours {:.2}x",
-                    args.threads,
-                    m / tg
-                ),
-                None => println!("llama.cpp batch {pl}: {tg:.1} tokens/s"),
+            println!(
+                "llama.cpp batch {pl}: {tg:.1} tokens/s (S_TG, {} threads)",
+                args.threads
+            );
+            for (label, _, m) in ours.iter().filter(|(_, b, _)| *b as u64 == pl) {
+                println!("  ours {label:>6} / llama.cpp: {:.2}x", m / tg);
             }
         }
+    }
+    Ok(())
+}
+
+/// Median time of one cached pass over `n` new tokens after a prompt of `--prompt-len`
+/// tokens (batch 1; the cache rolled back after each pass), for `n = 1` and each `--verify`.
+fn verification_passes(model: &Llama, args: &Args, label: &str) -> Result<()> {
+    let vocab = model.config().vocab_size as u64;
+    let rows = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab);
+    let (prompt, extra) = rows[0].split_at(args.prompt_len);
+    let mut cache = model.new_cache();
+    let options = ForwardOptions::default();
+    model.forward_cached(&TokenBatch::single(prompt), &mut cache, &options)?;
+    let base = cache.real_lengths()[0];
+    let mut time = |n: usize| -> Result<f64> {
+        let fed = &extra[..n];
+        let mut times = Vec::new();
+        for _ in 0..args.repeats.max(1) * 4 + 1 {
+            let t = Instant::now();
+            let out = model.forward_cached(&TokenBatch::single(fed), &mut cache, &options)?;
+            kd_model::to_host(out.into_logits()?);
+            times.push(t.elapsed().as_secs_f64());
+            cache.truncate(&[base])?;
+        }
+        times.remove(0); // warm-up
+        Ok(median(times))
+    };
+    let one = time(1)?;
+    println!("ours {label:>6} pass over 1 new token: {:.2} ms", one * 1e3);
+    for &n in &args.verify {
+        let t = time(n)?;
+        println!(
+            "ours {label:>6} pass over {n} new tokens: {:.2} ms ({:.2}x the 1-token pass)",
+            t * 1e3,
+            t / one
+        );
     }
     Ok(())
 }

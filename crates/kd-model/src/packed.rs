@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use crate::config::LlamaConfig;
 use crate::model::LayerPacks;
+use crate::q8::{self, BlockRow, Q8Rows};
 
 /// The packed weights of a model loaded from GGUF: per layer q, k, v, o, gate, up, down (each
 /// when stored in a packed type), and the LM head (`output.weight`, or the tied embedding).
@@ -76,6 +77,26 @@ impl Packed {
         }
     }
 
+    /// Switches every matrix between f32 and 8-bit activations.
+    pub fn set_int8(&mut self, on: bool) {
+        for m in self.layers.iter_mut().flatten().flatten() {
+            m.int8 = on;
+        }
+        if let Some(h) = &mut self.head {
+            h.int8 = on;
+        }
+    }
+
+    /// Whether the matrices take 8-bit activations.
+    pub fn int8(&self) -> bool {
+        self.layers
+            .iter()
+            .flatten()
+            .flatten()
+            .chain(&self.head)
+            .any(|m| m.int8)
+    }
+
     /// Number of packed matrices.
     pub fn count(&self) -> usize {
         self.layers.iter().flatten().flatten().count() + usize::from(self.head.is_some())
@@ -92,7 +113,11 @@ pub(crate) fn packed_project(m: &PackedMatrix, x: Tensor<2>) -> Tensor<2> {
     );
     let device = x.device();
     let xs: Vec<f32> = x.into_data().try_into_vec_as::<f32>().expect("f32 input");
-    let y = m.matmul_t(&xs, n);
+    let y = if m.int8 {
+        m.matmul_t_q8(&Q8Rows::quantize(&xs, n, k))
+    } else {
+        m.matmul_t(&xs, n)
+    };
     Tensor::from_data(TensorData::new(y, [n, m.rows]), &device)
 }
 
@@ -103,6 +128,25 @@ pub struct PackedMatrix {
     rows: usize,
     cols: usize,
     bytes: Vec<u8>,
+    /// Each block's scale as f32, `[rows, cols / 32]` (for the integer kernels).
+    d: Vec<f32>,
+    /// Each Q4_1 block's minimum as f32 (empty for the other types).
+    m: Vec<f32>,
+    /// Whether products quantise their input to 8 bits ([`q8`]) instead of dequantising.
+    int8: bool,
+}
+
+/// The f16 scales (and Q4_1's minimums) of every block, as f32.
+fn block_scales(ty: GgmlType, bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+    let size = ty.block().expect("a supported type").1;
+    let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    let d = bytes.chunks_exact(size).map(|b| half(b, 0)).collect();
+    let m = if ty == GgmlType::Q4_1 {
+        bytes.chunks_exact(size).map(|b| half(b, 2)).collect()
+    } else {
+        Vec::new()
+    };
+    (d, m)
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -131,11 +175,15 @@ impl PackedMatrix {
         if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * size {
             return None;
         }
+        let (d, m) = block_scales(ty, bytes);
         Some(Self {
             ty,
             rows,
             cols,
             bytes: bytes.to_vec(),
+            d,
+            m,
+            int8: false,
         })
     }
 
@@ -153,7 +201,13 @@ impl PackedMatrix {
         {
             out[dst * rb..(dst + 1) * rb].copy_from_slice(&self.bytes[src * rb..(src + 1) * rb]);
         }
-        Some(Self { bytes: out, ..self })
+        let (d, m) = block_scales(self.ty, &out);
+        Some(Self {
+            bytes: out,
+            d,
+            m,
+            ..self
+        })
     }
 
     /// Bytes per matrix row.
@@ -162,11 +216,13 @@ impl PackedMatrix {
         self.cols / block * size
     }
 
-    /// `x [n, cols] · selfᵀ` → `[n, rows]`, with `x` row-major.
-    pub fn matmul_t(&self, x: &[f32], n: usize) -> Vec<f32> {
-        assert_eq!(x.len(), n * self.cols, "x must be [n, cols]");
-        let row_bytes = self.row_bytes();
-        let simd = crate::skinny::avx2();
+    /// `[n, rows]` in parallel tasks of [`ROWS_PER_TASK`] matrix rows: `kernel(row, acc, nb,
+    /// j)` writes output `row` of every input row into column `j` of `acc [n, nb]`.
+    fn par_rows(
+        &self,
+        n: usize,
+        kernel: impl Fn(usize, &mut [f32], usize, usize) + Sync,
+    ) -> Vec<f32> {
         let starts: Vec<usize> = (0..self.rows).step_by(ROWS_PER_TASK).collect();
         let parts: Vec<Vec<f32>> = starts
             .par_iter()
@@ -174,15 +230,7 @@ impl PackedMatrix {
                 let nb = ROWS_PER_TASK.min(self.rows - j0);
                 let mut acc = vec![0f32; n * nb];
                 for j in 0..nb {
-                    let w = &self.bytes[(j0 + j) * row_bytes..(j0 + j + 1) * row_bytes];
-                    #[cfg(target_arch = "x86_64")]
-                    if simd {
-                        // SAFETY: the CPU supports the features the function was compiled for.
-                        unsafe { dot_row_avx2(self.ty, w, x, n, self.cols, &mut acc, nb, j) };
-                        continue;
-                    }
-                    let _ = simd;
-                    dot_row(self.ty, w, x, n, self.cols, &mut acc, nb, j);
+                    kernel(j0 + j, &mut acc, nb, j);
                 }
                 acc
             })
@@ -196,6 +244,51 @@ impl PackedMatrix {
             }
         }
         out
+    }
+
+    /// `x [n, cols] · selfᵀ` → `[n, rows]`, with `x` row-major.
+    pub fn matmul_t(&self, x: &[f32], n: usize) -> Vec<f32> {
+        assert_eq!(x.len(), n * self.cols, "x must be [n, cols]");
+        let row_bytes = self.row_bytes();
+        let simd = crate::skinny::avx2();
+        self.par_rows(n, |row, acc, nb, j| {
+            let w = &self.bytes[row * row_bytes..(row + 1) * row_bytes];
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                let r = self.block_row(row);
+                // SAFETY: the CPU supports the features the function was compiled for.
+                unsafe { dot_row_avx2(self.ty, (w, r.d, r.m), x, n, self.cols, acc, nb, j) };
+                return;
+            }
+            let _ = simd;
+            dot_row(self.ty, w, x, n, self.cols, acc, nb, j);
+        })
+    }
+
+    /// The same product from 8-bit activations, with integer dot products (see [`q8`]).
+    pub(crate) fn matmul_t_q8(&self, x: &Q8Rows) -> Vec<f32> {
+        self.matmul_t_q8_with(x, q8::Kernel::detect())
+    }
+
+    fn matmul_t_q8_with(&self, x: &Q8Rows, kernel: q8::Kernel) -> Vec<f32> {
+        assert_eq!(x.cols, self.cols, "x must be [n, cols]");
+        self.par_rows(x.n, |row, acc, nb, j| {
+            kernel.dot_row(self.ty, &self.block_row(row), x, acc, nb, j);
+        })
+    }
+
+    /// Matrix row `row`: its blocks, scales and (Q4_1) minimums.
+    fn block_row(&self, row: usize) -> BlockRow<'_> {
+        let (rb, blocks) = (self.row_bytes(), self.cols / 32);
+        BlockRow {
+            bytes: &self.bytes[row * rb..(row + 1) * rb],
+            d: &self.d[row * blocks..(row + 1) * blocks],
+            m: if self.m.is_empty() {
+                &[]
+            } else {
+                &self.m[row * blocks..(row + 1) * blocks]
+            },
+        }
     }
 }
 
@@ -232,14 +325,14 @@ fn dot_row(
 }
 
 /// The same with AVX2/FMA: each block dequantised into four registers once per group of
-/// four rows, then one FMA per register and row. The lanes and their final sum follow the
+/// eight rows, then one FMA per register and row. The lanes and their final sum follow the
 /// scalar kernel's order exactly, so both give the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 fn dot_row_avx2(
     ty: GgmlType,
-    w: &[u8],
+    (w, dw, mw): (&[u8], &[f32], &[f32]),
     x: &[f32],
     n: usize,
     cols: usize,
@@ -250,15 +343,20 @@ fn dot_row_avx2(
     use std::arch::x86_64::*;
     let size = ty.block().expect("a supported type").1;
     let blocks = cols / 32;
-    assert!(w.len() == blocks * size && x.len() >= n * cols);
+    assert!(
+        w.len() == blocks * size
+            && dw.len() == blocks
+            && (ty != GgmlType::Q4_1 || mw.len() == blocks)
+            && x.len() >= n * cols
+    );
     let mut r0 = 0;
     while r0 < n {
-        let g = (n - r0).min(4);
+        let g = (n - r0).min(8);
         let z = _mm256_setzero_ps();
-        let mut s = [z; 4];
+        let mut s = [z; 8];
         for blk in 0..blocks {
             let b = &w[blk * size..(blk + 1) * size];
-            let d = _mm256_set1_ps(f16::from_le_bytes([b[0], b[1]]).to_f32());
+            let d = _mm256_set1_ps(dw[blk]);
             // SAFETY: every load reads within `b` (size bytes, checked by chunking above).
             let v: [__m256; 4] = unsafe {
                 match ty {
@@ -296,7 +394,7 @@ fn dot_row_avx2(
                             }
                             q.map(|v| _mm256_mul_ps(_mm256_cvtepi32_ps(v), d))
                         } else {
-                            let m = _mm256_set1_ps(f16::from_le_bytes([b[2], b[3]]).to_f32());
+                            let m = _mm256_set1_ps(mw[blk]);
                             q.map(|v| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), d), m))
                         }
                     }
@@ -329,35 +427,51 @@ fn dot_row_avx2(
 mod tests {
     use super::*;
 
-    /// Random blocks with finite scales; the packed product against the dequantised f32
-    /// matrix, and the scalar kernel against the AVX2 one bit for bit.
-    #[test]
-    fn packed_products_equal_the_dequantised_ones() {
-        let mut state = 11u64;
-        let mut next = || {
+    /// A linear congruential generator's high bits.
+    fn lcg(seed: u64) -> impl FnMut() -> u32 {
+        let mut state = seed;
+        move || {
             state = state
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             (state >> 33) as u32
-        };
+        }
+    }
+
+    /// Random `[rows, cols]` blocks of `ty` with finite scales (and Q4_1 minimums), and a
+    /// random input `[n, cols]` in [-1, 1).
+    fn random_case(
+        ty: GgmlType,
+        (rows, cols, n): (usize, usize, usize),
+        next: &mut impl FnMut() -> u32,
+    ) -> (Vec<u8>, Vec<f32>) {
+        let size = ty.block().unwrap().1;
+        let mut bytes = vec![0u8; rows * cols / 32 * size];
+        for b in bytes.iter_mut() {
+            *b = next() as u8;
+        }
+        for blk in bytes.chunks_exact_mut(size) {
+            let scale = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.1 - 0.05);
+            blk[..2].copy_from_slice(&scale.to_le_bytes());
+            if ty == GgmlType::Q4_1 {
+                let m = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.2 - 0.1);
+                blk[2..4].copy_from_slice(&m.to_le_bytes());
+            }
+        }
+        let x = (0..n * cols)
+            .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        (bytes, x)
+    }
+
+    /// Random blocks with finite scales; the packed product against the dequantised f32
+    /// matrix, and the scalar kernel against the AVX2 one bit for bit.
+    #[test]
+    fn packed_products_equal_the_dequantised_ones() {
+        let mut next = lcg(11);
         for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
             let (rows, cols, n) = (70, 96, 5);
-            let size = ty.block().unwrap().1;
-            let mut bytes = vec![0u8; rows * cols / 32 * size];
-            for b in bytes.iter_mut() {
-                *b = next() as u8;
-            }
-            for blk in bytes.chunks_exact_mut(size) {
-                let scale = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.1 - 0.05);
-                blk[..2].copy_from_slice(&scale.to_le_bytes());
-                if ty == GgmlType::Q4_1 {
-                    let m = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.2 - 0.1);
-                    blk[2..4].copy_from_slice(&m.to_le_bytes());
-                }
-            }
-            let x: Vec<f32> = (0..n * cols)
-                .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
-                .collect();
+            let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
             let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
             let got = p.matmul_t(&x, n);
             let mut w = vec![0f32; rows * cols];
@@ -377,12 +491,89 @@ mod tests {
             // The scalar kernel gives the same bits, and a row alone the same as in the batch.
             let mut scalar = vec![0f32; n * rows];
             for j in 0..rows {
-                let row = &bytes[j * cols / 32 * size..(j + 1) * cols / 32 * size];
+                let rb = cols / 32 * ty.block().unwrap().1;
+                let row = &bytes[j * rb..(j + 1) * rb];
                 dot_row(ty, row, &x, n, cols, &mut scalar, rows, j);
             }
             assert_eq!(scalar, got, "{ty:?}: scalar vs SIMD");
             assert_eq!(
                 p.matmul_t(&x[..cols], 1),
+                got[..rows].to_vec(),
+                "{ty:?}: row alone"
+            );
+        }
+    }
+
+    /// Random blocks and inputs: the 8-bit-activation product against the sum it stands for
+    /// (`Σ d_w·d_x·Σ w·q + m_w·s_x` over blocks, in f64 from the dequantised weights and the
+    /// quantised inputs), every kernel this CPU has against the scalar one bit for bit, a row
+    /// alone as in the batch, and the whole against the f32 product within the quantisation's
+    /// error.
+    #[test]
+    fn int8_products_equal_the_integer_reference() {
+        let mut next = lcg(5);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+            // 11 input rows: a group of 8 and a remainder in the SIMD kernels.
+            let (rows, cols, n) = (70, 128, 11);
+            let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
+            let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
+            let xq = Q8Rows::quantize(&x, n, cols);
+            let got = p.matmul_t_q8_with(&xq, q8::Kernel::Scalar);
+            let mut w = vec![0f32; rows * cols];
+            kd_gguf::dequantize(ty, &bytes, &mut w).unwrap();
+            let blocks = cols / 32;
+            let f32_product = p.matmul_t(&x, n);
+            for r in 0..n {
+                for j in 0..rows {
+                    // Σ w·x with x as its 8-bit blocks: q·d_x (the scale at f16 precision;
+                    // Q4_1's offset through s = d·Σq, also at f16 precision).
+                    let mut want = 0f64;
+                    for b in 0..blocks {
+                        let dx = xq.d[r * blocks + b] as f64;
+                        for k in 0..32 {
+                            let i = b * 32 + k;
+                            let wv = w[j * cols + i] as f64;
+                            let qv = xq.q[r * cols + i] as f64;
+                            want += match ty {
+                                GgmlType::Q4_1 => (wv - p.m[j * blocks + b] as f64) * qv * dx,
+                                _ => wv * qv * dx,
+                            };
+                        }
+                        if ty == GgmlType::Q4_1 {
+                            want += p.m[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64;
+                        }
+                    }
+                    let g = got[r * rows + j] as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{ty:?} {r} {j}: {g} vs {want}"
+                    );
+                    // Against f32 activations: each input off by at most half a step plus
+                    // the scale's f16 rounding (127 steps of 2⁻¹¹ relative), and Q4_1's
+                    // offset term by the f16 rounding of s.
+                    let mut bound = 1e-3;
+                    for i in 0..cols {
+                        bound += (w[j * cols + i] as f64).abs()
+                            * xq.d[r * blocks + i / 32] as f64
+                            * (0.5 + 127.0 / 2048.0 + 1e-3);
+                    }
+                    if ty == GgmlType::Q4_1 {
+                        for b in 0..blocks {
+                            bound += (p.m[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64)
+                                .abs()
+                                / 1024.0;
+                        }
+                    }
+                    let f = f32_product[r * rows + j] as f64;
+                    assert!((g - f).abs() <= bound, "{ty:?} {r} {j}: {g} vs f32 {f}");
+                }
+            }
+            for kernel in q8::Kernel::available() {
+                assert_eq!(p.matmul_t_q8_with(&xq, kernel), got, "{ty:?}: {kernel:?}");
+            }
+            let one = Q8Rows::quantize(&x[..cols], 1, cols);
+            assert_eq!(
+                p.matmul_t_q8(&one),
                 got[..rows].to_vec(),
                 "{ty:?}: row alone"
             );
