@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kd_distill::{DistillObserver, DistillPhase, DistillSummary, Validation};
+use kd_distill::{DistillObserver, DistillPhase, DistillSummary, StopSignals, Validation};
 use kd_train::{LogRecord, TrainObserver};
 
 /// Draws the run on stderr.
@@ -12,14 +12,19 @@ pub struct Display {
     bar: Option<ProgressBar>,
     started: Instant,
     last_val: Option<Validation>,
+    stop: StopSignals,
+    stop_said: bool,
 }
 
 impl Display {
-    pub fn new() -> Self {
+    /// A display that relays `stop` (SIGTERM/SIGINT) to the run.
+    pub fn new(stop: StopSignals) -> Self {
         Self {
             bar: None,
             started: Instant::now(),
             last_val: None,
+            stop,
+            stop_said: false,
         }
     }
 
@@ -97,6 +102,15 @@ impl TrainObserver for Display {
         self.println(&format!(
             "warning: step {step} skipped (non-finite loss or gradient)"
         ));
+    }
+
+    fn stop_requested(&mut self) -> bool {
+        let stop = self.stop.requested();
+        if stop && !self.stop_said {
+            self.stop_said = true;
+            self.println("stop requested: saving, then exiting (a second signal exits at once)");
+        }
+        stop
     }
 }
 

@@ -51,7 +51,17 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", kd_distill::error_report(e.as_ref()));
+            if e.downcast_ref::<kd_distill::PipelineError>()
+                .is_some_and(|p| p.is_stopped())
+            {
+                eprintln!(
+                    "the same command continues: with resume_from_checkpoint=true once training \
+                     had started (exit status {})",
+                    kd_distill::EXIT_STOPPED
+                );
+                return ExitCode::from(kd_distill::EXIT_STOPPED);
+            }
             ExitCode::FAILURE
         }
     }
@@ -70,10 +80,18 @@ fn run(cli: Cli) -> Result<()> {
     }
     if cli.dry_run {
         println!("{}", kd_distill::to_yaml(&loaded.config));
+        let out = &loaded.config.output_dir;
+        if let Some(holder) = kd_distill::RunLock::holder(out)? {
+            eprintln!(
+                "warning: output_dir {} is in use by another run ({holder}): this run would be \
+                 refused until it ends",
+                out.display()
+            );
+        }
         return Ok(());
     }
     kd_train::retain_freed_memory();
-    let mut display = Display::new();
+    let mut display = Display::new(kd_distill::StopSignals::install()?);
     let summary = kd_distill::run(&loaded.config, &mut display);
     display.finish();
     print_summary(&summary?);

@@ -416,9 +416,22 @@ pub struct ServeArgs {
     /// The model name reported to clients.
     #[arg(long, default_value = "teacher")]
     pub model_name: String,
-    /// Require `Authorization: Bearer <key>` with the key in this environment variable.
+    /// Require `Authorization: Bearer <key>` with the key in this environment variable
+    /// (unset or empty is an error).
     #[arg(long)]
     pub api_key_env: Option<String>,
+    /// Serve without a key on an address other than loopback (refused otherwise).
+    #[arg(long)]
+    pub allow_unauthenticated: bool,
+    /// Most prompts in one request.
+    #[arg(long, default_value_t = ServeTeacherConfig::default().server.max_prompts_per_request)]
+    pub max_prompts_per_request: usize,
+    /// Most new tokens a request may ask for per prompt.
+    #[arg(long, default_value_t = ServeTeacherConfig::default().server.max_new_tokens)]
+    pub max_new_tokens_limit: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = ServeTeacherConfig::default().server.max_body_bytes)]
+    pub max_body_bytes: usize,
 }
 
 impl ServeArgs {
@@ -432,10 +445,11 @@ impl ServeArgs {
             ..ServeTeacherConfig::default()
         };
         c.server.model_name = self.model_name.clone();
-        c.server.api_key = self
-            .api_key_env
-            .as_ref()
-            .and_then(|v| std::env::var(v).ok());
+        c.server.allow_unauthenticated = self.allow_unauthenticated;
+        c.server.max_prompts_per_request = self.max_prompts_per_request;
+        c.server.max_new_tokens = self.max_new_tokens_limit;
+        c.server.max_body_bytes = self.max_body_bytes;
+        c.api_key_env = self.api_key_env.clone();
         c
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kd_eval::{AcceptanceReport, EvalPhase};
-use kd_speculator::{Phase, SpeculatorObserver, SpeculatorSummary};
+use kd_speculator::{Phase, SpeculatorObserver, SpeculatorSummary, StopSignals};
 use kd_teacher::CacheProgress;
 use kd_train::{LogRecord, TrainObserver};
 
@@ -17,16 +17,21 @@ pub struct Display {
     tokens: usize,
     phase: Option<Phase>,
     train_start: usize,
+    stop: StopSignals,
+    stop_said: bool,
 }
 
 impl Display {
-    pub fn new() -> Self {
+    /// A display that relays `stop` (SIGTERM/SIGINT) to the run.
+    pub fn new(stop: StopSignals) -> Self {
         Self {
             bar: None,
             started: Instant::now(),
             tokens: 0,
             phase: None,
             train_start: 0,
+            stop,
+            stop_said: false,
         }
     }
 
@@ -103,6 +108,19 @@ impl TrainObserver for Display {
         if let Some(b) = &self.bar {
             b.println(format!("  saved {}", path.display()));
         }
+    }
+
+    fn stop_requested(&mut self) -> bool {
+        let stop = self.stop.requested();
+        if stop && !self.stop_said {
+            self.stop_said = true;
+            let msg = "stop requested: saving, then exiting (a second signal exits at once)";
+            match &self.bar {
+                Some(b) => b.println(msg),
+                None => eprintln!("{msg}"),
+            }
+        }
+        stop
     }
 
     fn on_skipped_step(&mut self, step: usize) {

@@ -8,7 +8,7 @@
 //! speculator train --config run.yaml --num_epochs 1                              # flags win
 //! speculator eval --target_model T --draft_model D --adapter out/checkpoint-epoch-2 --data_dir data
 //! speculator merge --adapter out/checkpoint-epoch-2 --out merged
-//! speculator serve-teacher --target_model T --listen 0.0.0.0:30000
+//! speculator serve-teacher --target_model T --listen 0.0.0.0:30000 --api_key_env VAR
 //! speculator derive-draft --from T --keep 2 --out draft
 //! ```
 
@@ -33,7 +33,17 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", kd_speculator::error_report(e.as_ref()));
+            if e.downcast_ref::<kd_speculator::PipelineError>()
+                .is_some_and(|p| p.is_stopped())
+            {
+                eprintln!(
+                    "the same command continues: with --resume_from_checkpoint latest once \
+                     training had started (exit status {})",
+                    kd_speculator::EXIT_STOPPED
+                );
+                return ExitCode::from(kd_speculator::EXIT_STOPPED);
+            }
             ExitCode::FAILURE
         }
     }
@@ -52,7 +62,7 @@ fn run() -> Result<()> {
         }
         Some(Command::Eval(e)) => {
             let config = e.config();
-            let mut display = Display::new();
+            let mut display = Display::new(kd_speculator::StopSignals::manual());
             let report = kd_speculator::eval(&config, |phase, done, total| {
                 display.eval_progress(phase, done, total)
             })?;
@@ -115,7 +125,7 @@ fn train(config: kd_speculator::SpeculatorConfig, dry_run: bool) -> Result<()> {
         return Ok(());
     }
     kd_train::retain_freed_memory();
-    let mut display = Display::new();
+    let mut display = Display::new(kd_speculator::StopSignals::install()?);
     let summary = kd_speculator::run(&config, &mut display);
     display.finish();
     print_summary(&summary?);

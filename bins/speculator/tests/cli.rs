@@ -186,3 +186,112 @@ fn errors_fail_with_a_message() {
         text(&o)
     );
 }
+
+/// `small_run` with `flag` set to `value` (replacing it when there).
+fn with(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value.to_string(),
+        None => args.extend([flag.to_string(), value.to_string()]),
+    }
+    args
+}
+
+/// Starts the binary, waits until `ready` holds, sends SIGTERM, and returns its output.
+fn terminate_when(args: &[String], ready: impl Fn() -> bool) -> Output {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let child = Command::new(env!("CARGO_BIN_EXE_speculator"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "the run never got there"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    child.wait_with_output().expect("the run ends")
+}
+
+/// SIGTERM (what Slurm and Kubernetes send before they kill) during training stops the run
+/// after the step in progress with a checkpoint of it and exit status 75; resuming then ends
+/// with the bytes of a run never stopped. During generation, the finished shards are kept and
+/// the next run reuses them.
+#[test]
+fn sigterm_stops_cleanly_and_the_run_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let args = |out: &Path| {
+        let a = with(small_run(out), "--eval_fraction", "0");
+        let a = with(a, "--logging_steps", "1");
+        with(a, "--teacher_cache_dir", cache.to_str().unwrap())
+    };
+    let straight = dir.path().join("straight");
+    let o = speculator(
+        &args(&straight)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+
+    let stopped = dir.path().join("stopped");
+    let log = stopped.join("training_log.txt");
+    let o = terminate_when(&args(&stopped), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("step"))
+    });
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(75), "{t}");
+    assert!(
+        t.contains("stopped on request after step")
+            && t.contains("--resume_from_checkpoint latest"),
+        "{t}"
+    );
+    let steps: Vec<String> = std::fs::read_dir(&stopped)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint-") && n != "checkpoint-epoch-1")
+        .collect();
+    assert!(!steps.is_empty(), "no checkpoint after the stop");
+    assert!(
+        !stopped.join("checkpoint-epoch-1").exists(),
+        "the run was not stopped early"
+    );
+    let resume = with(args(&stopped), "--resume_from_checkpoint", "latest");
+    let o = speculator(&resume.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    let adapter =
+        |d: &Path| std::fs::read(d.join("checkpoint-epoch-1/adapter_model.safetensors")).unwrap();
+    assert!(
+        adapter(&stopped) == adapter(&straight),
+        "resumed adapter differs"
+    );
+
+    // During generation (another cache, shards of 4 prompts): finished shards stay.
+    let cache2 = dir.path().join("cache2");
+    let gen_args = with(
+        with(
+            args(&dir.path().join("gen")),
+            "--teacher_cache_dir",
+            cache2.to_str().unwrap(),
+        ),
+        "--batch_size",
+        "4",
+    );
+    let first = cache2.join("generations/shard-00000.jsonl");
+    let o = terminate_when(&gen_args, || first.is_file());
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(75), "{t}");
+    assert!(t.contains("shards; they are kept in"), "{t}");
+    assert!(first.is_file());
+}

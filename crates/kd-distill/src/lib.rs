@@ -28,6 +28,7 @@ mod load;
 mod loss;
 mod roll_keys;
 mod run;
+mod scores;
 mod setup;
 mod watch;
 
@@ -36,7 +37,8 @@ pub use config::{
     ModelDType, ResumeFrom, TrackWith, TrainingArgs, TransferBackend, WorkerConfig,
     parse_device_mapping,
 };
-pub use error::{PipelineError, Result};
+pub use error::{PipelineError, Result, error_report};
+pub use kd_pipeline::{EXIT_STOPPED, RunLock, StopSignals};
 pub use load::{LoadedConfig, config_file, load, to_yaml};
 pub use loss::{DistillLoss, EvalSums, evaluate_batches};
 pub use run::{DistillObserver, DistillPhase, DistillSummary, QuietDistill, Validation, run};

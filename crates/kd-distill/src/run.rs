@@ -10,15 +10,13 @@ use std::time::Instant;
 use burn::tensor::Device;
 use kd_data::{Batch, BatchOptions, ChatTokenizer, Example, Truncation, collate, plan_batches};
 use kd_model::Llama;
-use kd_teacher::{
-    LocalTeacher, RemoteConfig, RemoteTeacher, ScoreCache, ScoreCacheManifest, ScoreOptions,
-    Scores, Teacher, model_fingerprint, sequences_hash,
-};
+use kd_teacher::{LocalTeacher, RemoteConfig, RemoteTeacher, Teacher, model_fingerprint};
 use serde::Serialize;
 
 use super::config::{DistillConfig, ModelDType, ResumeFrom, TrackWith, TransferBackend};
 use super::loss::DistillLoss;
 use crate::error::{PipelineError, Result};
+use crate::scores::{TeacherScores, score_data};
 use crate::setup::{
     chat_tokenizer, check_same_family, lora_config, read_examples, train_config, worker_device,
 };
@@ -117,46 +115,14 @@ pub struct DistillSummary {
     pub warnings: Vec<String>,
 }
 
-fn score_all(
-    teacher: &dyn Teacher,
-    examples: &[Example],
-    top_k: usize,
-    dir: &Path,
-    shard: usize,
-    scored: &mut usize,
-    mut progress: impl FnMut(usize, usize),
-) -> Result<Vec<Scores>> {
-    let sequences: Vec<Vec<u32>> = examples.iter().map(|e| e.input_ids.clone()).collect();
-    let cache = ScoreCache::open(
-        dir,
-        ScoreCacheManifest {
-            version: 1,
-            teacher: teacher.fingerprint(),
-            options: ScoreOptions::top_k(top_k),
-            sequences: sequences_hash(&sequences),
-            count: sequences.len(),
-            shard_size: shard,
-        },
-    )?;
-    let total = sequences.len();
-    let mut last = 0;
-    let scores = cache.score(teacher, &sequences, |p| {
-        if !p.reused {
-            *scored += p.prompts_done - last;
-        }
-        last = p.prompts_done;
-        progress(p.prompts_done, total)
-    })?;
-    Ok(scores)
-}
-
 /// Runs the pipeline: setup, the data, the models, the teacher's scores (cached), then
 /// training with validation.
 pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result<DistillSummary> {
     observer.on_phase(DistillPhase::Setup);
     config.validate()?;
     let student_dir = config.student_path()?;
-    prepare_output_dir(config)?;
+    // Held until the run returns: a second run into the same directory is refused.
+    let _lock = prepare_output_dir(config)?;
     let mut warnings = Vec::new();
     let (student_device, teacher_device) = devices(config, &mut warnings)?;
     for w in &warnings {
@@ -215,8 +181,9 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
 /// Clears the output (and TensorBoard event files) when asked to; refuses a directory with an
 /// earlier run's checkpoints unless resuming, and a `resume_from_checkpoint` path that is no
 /// checkpoint.
-fn prepare_output_dir(config: &DistillConfig) -> Result<()> {
+fn prepare_output_dir(config: &DistillConfig) -> Result<kd_pipeline::RunLock> {
     let out = &config.output_dir;
+    let lock = kd_pipeline::RunLock::acquire(out)?;
     if config.overwrite_output_dir && config.resume_from_checkpoint == ResumeFrom::No {
         if out.exists() {
             kd_pipeline::clear_run(out, &[])?;
@@ -253,7 +220,7 @@ fn prepare_output_dir(config: &DistillConfig) -> Result<()> {
                 .into(),
         })?;
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// The student's and the teacher's devices, with warnings for settings the CPU backend does
@@ -287,11 +254,11 @@ fn devices(config: &DistillConfig, warnings: &mut Vec<String>) -> Result<(Device
 }
 
 /// The training and validation examples of a run.
-struct Data {
-    train: Vec<Example>,
-    validation: Vec<Example>,
+pub(crate) struct Data {
+    pub(crate) train: Vec<Example>,
+    pub(crate) validation: Vec<Example>,
     /// What reading them met (cut examples, no validation data).
-    warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Reads the question/answer files named by the config, rendered through the chat template.
@@ -382,69 +349,6 @@ fn load_teacher(
             }
         },
     )
-}
-
-/// The teacher's scores of the training and validation examples.
-struct TeacherScores {
-    train: Vec<Scores>,
-    validation: Vec<Scores>,
-    /// Log-probs kept per position (`logits_topk`, or the whole vocabulary for 0).
-    top_k: usize,
-    /// Sequences scored in this run (cached shards are not scored again).
-    sequences: usize,
-    /// Wall time of the scoring.
-    seconds: f64,
-}
-
-/// Scores every example through the teacher cache under the output directory: a resumed or
-/// repeated run does not score twice.
-fn score_data(
-    config: &DistillConfig,
-    teacher: &dyn Teacher,
-    data: &Data,
-    vocab: usize,
-    observer: &mut dyn DistillObserver,
-) -> Result<TeacherScores> {
-    let started = Instant::now();
-    let top_k = if config.logits_topk == 0 {
-        vocab
-    } else {
-        config.logits_topk.min(vocab)
-    };
-    let cache = config.output_dir.join("teacher_cache");
-    let shard = config.teacher.infer_batch_size;
-    let total = data.train.len() + data.validation.len();
-    let mut sequences = 0;
-    let train = score_all(
-        teacher,
-        &data.train,
-        top_k,
-        &cache.join("train"),
-        shard,
-        &mut sequences,
-        |d, _| observer.on_score_progress(d, total),
-    )?;
-    let validation = if data.validation.is_empty() {
-        Vec::new()
-    } else {
-        let n = data.train.len();
-        score_all(
-            teacher,
-            &data.validation,
-            top_k,
-            &cache.join("validation"),
-            shard,
-            &mut sequences,
-            |d, _| observer.on_score_progress(n + d, total),
-        )?
-    };
-    Ok(TeacherScores {
-        train,
-        validation,
-        top_k,
-        sequences,
-        seconds: started.elapsed().as_secs_f64(),
-    })
 }
 
 /// What the training phase needs.

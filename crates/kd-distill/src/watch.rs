@@ -137,4 +137,7 @@ impl TrainObserver for RollMetrics<'_> {
     fn on_skipped_step(&mut self, step: usize) {
         self.inner.borrow_mut().on_skipped_step(step);
     }
+    fn stop_requested(&mut self) -> bool {
+        self.inner.borrow_mut().stop_requested()
+    }
 }

@@ -62,11 +62,68 @@ pub enum PipelineError {
 pub type Result<T, E = PipelineError> = std::result::Result<T, E>;
 
 impl PipelineError {
+    /// Whether the run stopped on request ([`crate::StopSignals`]) after saving its work:
+    /// a checkpoint of the last step, or the teacher cache's finished shards. Running the same
+    /// command again (training: with `resume_from_checkpoint`) continues.
+    pub fn is_stopped(&self) -> bool {
+        matches!(
+            self,
+            Self::Train(TrainError::Stopped { .. })
+                | Self::Teacher(kd_teacher::TeacherError::Stopped { .. })
+        )
+    }
+
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// An error and its causes on one line, each said once: the workspace's errors print their
+/// cause in their own message (`path: cause`), so a cause whose text the line already holds
+/// is not repeated (what `{:#}` of an `anyhow::Error` would do).
+pub fn error_report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_are_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let e = PipelineError::io("/data", io);
+        assert_eq!(error_report(&e), "/data: No such file or directory");
+        #[derive(Debug)]
+        struct Outer(PipelineError);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("reading the data")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        assert_eq!(
+            error_report(&Outer(PipelineError::io("/x", io))),
+            "reading the data: /x: gone"
+        );
     }
 }

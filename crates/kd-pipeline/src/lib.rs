@@ -17,8 +17,10 @@ pub mod kd_term;
 pub mod models;
 pub mod on_policy;
 mod output_dir;
+mod stop;
 pub mod vocab;
 
-pub use error::{PipelineError, Result};
+pub use error::{PipelineError, Result, error_report};
 pub use on_policy::{OnPolicy, OnPolicyConfig, OnPolicyData, OnPolicyTotals};
-pub use output_dir::clear_run;
+pub use output_dir::{LOCK_FILE, RunLock, clear_run};
+pub use stop::{EXIT_STOPPED, StopSignals};

@@ -119,6 +119,10 @@ impl TrainObserver for TrainingWatcher<'_> {
     fn on_skipped_step(&mut self, step: usize) {
         self.inner.on_skipped_step(step);
     }
+
+    fn stop_requested(&mut self) -> bool {
+        self.inner.stop_requested()
+    }
 }
 
 pub(crate) fn log_acceptance(

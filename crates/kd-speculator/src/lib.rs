@@ -36,12 +36,14 @@ mod observe;
 mod run;
 mod settings;
 mod setup;
+mod teacher;
 mod tools;
 
 pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance};
 pub use config::{SpeculatorConfig, default_draft_devices, default_target_devices};
 pub use data::{Examples, PromptSet, build_examples, eval_count, load_prompts};
-pub use error::{PipelineError, Result};
+pub use error::{PipelineError, Result, error_report};
+pub use kd_pipeline::{EXIT_STOPPED, StopSignals};
 pub use loss::{SpeculatorLoss, TeacherTargets};
 pub use observe::{Phase, Quiet, SpeculatorObserver};
 pub use run::{SpeculatorSummary, run};

@@ -9,10 +9,7 @@ use kd_eval::{EvalOptions, evaluate};
 use kd_lora::derive_seed;
 use kd_loss::HiddenProjection;
 use kd_model::Llama;
-use kd_teacher::{
-    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, Prompt, ScoreCache,
-    ScoreCacheManifest, ScoreOptions, Scores, prompts_hash, sequences_hash, template_hash,
-};
+use kd_teacher::{Generation, Scores, sequences_hash};
 
 use crate::acceptance::{
     AcceptanceFile, CheckpointAcceptance, CheckpointEval, TrainingWatcher, log_acceptance,
@@ -24,10 +21,10 @@ use crate::error::{PipelineError, Result};
 use crate::loss::{SpeculatorLoss, TeacherTargets};
 use crate::observe::{Phase, SpeculatorObserver};
 use crate::settings::{
-    TeacherBackend, eval_options, generation_params, load_teacher, lora_config, on_policy_config,
-    train_config,
+    TeacherBackend, eval_options, load_teacher, lora_config, on_policy_config, train_config,
 };
-use crate::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup, teacher_cache_dir};
+use crate::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup};
+use crate::teacher::{generate_completions, score};
 use kd_pipeline::on_policy::OnPolicy;
 use kd_pipeline::on_policy::{OnPolicyData, OnPolicyTotals};
 use kd_train::metrics::{LogRecord, TensorBoard};
@@ -77,7 +74,8 @@ pub fn run(
     for w in &setup.warnings {
         warnings.push(observer, w.clone());
     }
-    prepare_output_dir(config)?;
+    // Held until the run returns: a second run into the same directory is refused.
+    let _lock = prepare_output_dir(config)?;
     let teacher = load_teacher(config, &setup)?;
     let draft_base = Llama::load(&config.draft_model, &setup.draft_device)?;
     if let Some(target) = teacher.target() {
@@ -167,57 +165,15 @@ impl Warnings {
 }
 
 /// Clears the output directory when asked to, creates it, and writes the run's configuration.
-fn prepare_output_dir(config: &SpeculatorConfig) -> Result<()> {
+fn prepare_output_dir(config: &SpeculatorConfig) -> Result<kd_pipeline::RunLock> {
     let out = &config.output_dir;
-    if config.overwrite_output_dir && out.exists() {
+    let lock = kd_pipeline::RunLock::acquire(out)?;
+    if config.overwrite_output_dir {
         clear_run(out)?;
     }
-    std::fs::create_dir_all(out).map_err(|e| PipelineError::io(out, e))?;
     let text = serde_json::to_string_pretty(config).expect("the configuration serialises");
     kd_model::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;
-    Ok(())
-}
-
-/// The target's completions of the training prompts, in prompt order, through the
-/// generation cache (an interrupted run resumes from its finished shards).
-fn generate_completions(
-    config: &SpeculatorConfig,
-    setup: &Setup,
-    teacher: &TeacherBackend,
-    observer: &mut dyn SpeculatorObserver,
-) -> Result<Vec<Generation>> {
-    // Longest prompts first: a shard is one teacher batch, and similar lengths together waste
-    // less on padding. The generations go back to prompt order below.
-    let train_prompts = setup.prompts.train_prompts();
-    let mut order: Vec<usize> = (0..train_prompts.len()).collect();
-    order.sort_by_key(|i| std::cmp::Reverse(train_prompts[*i].ids.len()));
-    let prompts: Vec<Prompt> = order.iter().map(|i| train_prompts[*i].clone()).collect();
-    let cache_dir = teacher_cache_dir(config);
-    let shard = config.batch_size * setup.target_devices.len().max(1);
-    let gen_cache = GenerationCache::open(
-        &cache_dir.join("generations"),
-        CacheManifest {
-            version: 1,
-            teacher: teacher.teacher().fingerprint(),
-            template: template_hash(setup.tokenizer.template().map(|t| t.source())),
-            sampling: generation_params(config),
-            prompts: prompts_hash(&prompts),
-            count: prompts.len(),
-            shard_size: shard,
-        },
-    )?;
-    let total = prompts.len();
-    let by_length = gen_cache.generate(teacher.teacher(), &prompts, |p| {
-        observer.on_teacher_progress(Phase::Generate, &p, total);
-    })?;
-    let mut generations = vec![None; by_length.len()];
-    for (i, g) in order.iter().zip(by_length) {
-        generations[*i] = Some(g);
-    }
-    Ok(generations
-        .into_iter()
-        .map(|g| g.expect("every prompt was generated"))
-        .collect())
+    Ok(lock)
 }
 
 /// The training examples (prompt + completion, labels on the completion), with warnings for
@@ -519,55 +475,8 @@ fn train_draft(inputs: TrainInputs<'_, '_>) -> Result<TrainedDraft> {
     })
 }
 
-/// The target's scores of every training example's prompt + completion, through the score
-/// cache.
-fn score(
-    config: &SpeculatorConfig,
-    setup: &Setup,
-    teacher: &TeacherBackend,
-    examples: &Examples,
-    generations: &[Generation],
-    observer: &mut dyn SpeculatorObserver,
-) -> Result<Vec<Scores>> {
-    let sequences: Vec<Vec<u32>> = examples
-        .source
-        .iter()
-        .map(|k| {
-            let prompt = &setup.prompts.ids[setup.prompts.train[*k]];
-            prompt.iter().chain(&generations[*k].ids).copied().collect()
-        })
-        .collect();
-    let options = ScoreOptions {
-        top_k: if off_policy_kd(config) {
-            config.kd_topk
-        } else {
-            1
-        },
-        hidden_layers: if config.use_distillation {
-            vec![config.distill_target_layer.unwrap_or(LAST_HIDDEN_LAYER)]
-        } else {
-            Vec::new()
-        },
-    };
-    let cache = ScoreCache::open(
-        &teacher_cache_dir(config).join("scores"),
-        ScoreCacheManifest {
-            version: 1,
-            teacher: teacher.teacher().fingerprint(),
-            options,
-            sequences: sequences_hash(&sequences),
-            count: sequences.len(),
-            shard_size: config.batch_size * setup.target_devices.len().max(1),
-        },
-    )?;
-    let total = sequences.len();
-    Ok(cache.score(teacher.teacher(), &sequences, |p| {
-        observer.on_teacher_progress(Phase::Score, &p, total)
-    })?)
-}
-
 /// Whether the off-policy rows have a KD term (they need the target's top-k).
-fn off_policy_kd(config: &SpeculatorConfig) -> bool {
+pub(crate) fn off_policy_kd(config: &SpeculatorConfig) -> bool {
     config.kd_weight > 0.0 && config.on_policy_ratio < 1.0
 }
 

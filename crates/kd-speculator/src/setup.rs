@@ -88,6 +88,12 @@ pub fn check_vocabularies(
 /// Refuses an output directory that holds another run's checkpoints unless resuming.
 pub fn check_output_dir(config: &SpeculatorConfig) -> Result<()> {
     let out = &config.output_dir;
+    if out.exists() && !out.is_dir() {
+        return Err(PipelineError::Config(format!(
+            "--output_dir {} is a file, not a directory: choose another --output_dir",
+            out.display()
+        )));
+    }
     if config.resume_from_checkpoint.is_some() || !out.exists() {
         return Ok(());
     }
@@ -212,6 +218,17 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
         }
     }
     let tokenizer = target_tokenizer.unwrap_or(draft_tokenizer);
+    if !config.data_dir.is_dir() {
+        return Err(PipelineError::Config(format!(
+            "--data_dir {} {}: it should hold */batch_input.jsonl files (OpenAI batch format)",
+            config.data_dir.display(),
+            if config.data_dir.exists() {
+                "is not a directory"
+            } else {
+                "does not exist"
+            }
+        )));
+    }
     let prompts = load_prompts(config, &tokenizer)?;
     if prompts.train.is_empty() {
         return Err(PipelineError::Config(

@@ -192,8 +192,10 @@ pub struct ServeTeacherConfig {
     pub device: String,
     /// Prompts generated together.
     pub batch_size: usize,
-    /// Server settings (model name, batching wait, API key).
+    /// Server settings (model name, batching wait, API key, limits).
     pub server: ServeConfig,
+    /// Environment variable holding the API key (read at start: unset or empty is an error).
+    pub api_key_env: Option<String>,
 }
 
 impl Default for ServeTeacherConfig {
@@ -204,12 +206,17 @@ impl Default for ServeTeacherConfig {
             device: "cpu".into(),
             batch_size: 32,
             server: ServeConfig::default(),
+            api_key_env: None,
         }
     }
 }
 
 /// Starts the teacher server (returns once it listens).
 pub fn serve_teacher(config: &ServeTeacherConfig) -> Result<ServerHandle> {
+    let mut server = config.server.clone();
+    if let Some(name) = &config.api_key_env {
+        server.api_key = Some(kd_teacher::api_key_from_env(name)?);
+    }
     let device = parse_device(&config.device)?;
     let model = Llama::load_for_inference(&config.target_model, &device)?;
     let mut teacher = LocalTeacher::new(
@@ -220,11 +227,7 @@ pub fn serve_teacher(config: &ServeTeacherConfig) -> Result<ServerHandle> {
     if kd_pipeline::models::has_tokenizer(&config.target_model) {
         teacher = teacher.with_tokenizer(ChatTokenizer::from_dir(&config.target_model)?);
     }
-    Ok(spawn_server(
-        teacher,
-        &config.listen,
-        config.server.clone(),
-    )?)
+    Ok(spawn_server(teacher, &config.listen, server)?)
 }
 
 /// What a run would do, established without reading any weight or writing anything.
@@ -433,10 +436,14 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
             teacher_cache_dir(config).display()
         ),
     );
-    Ok(Plan {
-        items,
-        warnings: s.warnings,
-    })
+    let mut warnings = s.warnings;
+    if let Some(holder) = kd_pipeline::RunLock::holder(&config.output_dir)? {
+        warnings.push(format!(
+            "{} is in use by another run ({holder}): this run would be refused until it ends",
+            config.output_dir.display()
+        ));
+    }
+    Ok(Plan { items, warnings })
 }
 
 /// LoRA parameters of one layer for the named modules.

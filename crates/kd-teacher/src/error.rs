@@ -21,6 +21,20 @@ pub enum TeacherError {
         /// What differs, field by field.
         differences: String,
     },
+    /// The caller asked to stop (a preemption signal, relayed) between shards of a cache.
+    #[error(
+        "stopped on request after {shards_done} of {shards} shards; they are kept in {}: run \
+         the same command again to continue from there",
+        path.display()
+    )]
+    Stopped {
+        /// The cache directory.
+        path: PathBuf,
+        /// Shards finished (written or read).
+        shards_done: usize,
+        /// Shards in all.
+        shards: usize,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

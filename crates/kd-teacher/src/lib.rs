@@ -32,5 +32,5 @@ pub use error::{Result, TeacherError};
 pub use kd_model::FinishReason;
 pub use local::{LocalTeacher, Prompt, ReplicatedTeacher, Teacher, stream_seed};
 pub use remote::{RemoteApi, RemoteConfig, RemoteTeacher};
-pub use serve::{ServeConfig, ServerHandle, router, spawn_server};
+pub use serve::{ServeConfig, ServerHandle, api_key_from_env, router, spawn_server};
 pub use types::{Generation, LAST_HIDDEN_LAYER, LayerHidden, SamplingParams, ScoreOptions, Scores};

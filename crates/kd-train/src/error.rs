@@ -36,6 +36,21 @@ pub enum TrainError {
         /// The last one.
         step: usize,
     },
+    /// The observer asked to stop (a preemption signal, relayed): the run stopped after a
+    /// step and wrote its checkpoint.
+    #[error(
+        "stopped on request after step {step} of {total_steps}; checkpoint {}: resume from it \
+         to continue exactly",
+        checkpoint.display()
+    )]
+    Stopped {
+        /// The last step done.
+        step: usize,
+        /// Steps the run would have done.
+        total_steps: usize,
+        /// The checkpoint of that step.
+        checkpoint: PathBuf,
+    },
     /// The model failed.
     #[error(transparent)]
     Model(#[from] kd_model::ModelError),

@@ -226,6 +226,12 @@ pub trait TrainObserver {
     fn on_checkpoint(&mut self, _path: &Path) {}
     /// A step was skipped for a non-finite loss or gradient.
     fn on_skipped_step(&mut self, _step: usize) {}
+    /// Polled after every optimizer step (after its checkpoints and hook): `true` ends the
+    /// run there with a checkpoint of that step and [`TrainError::Stopped`](crate::TrainError)
+    /// (how a binary relays SIGTERM from a scheduler that preempts the job).
+    fn stop_requested(&mut self) -> bool {
+        false
+    }
 }
 
 /// An observer that does nothing.

@@ -328,6 +328,15 @@ fn bad_inputs_are_named() {
         "{e}"
     );
 
+    // Another run holds the output directory: refused, naming the holder.
+    let held = kd_pipeline::RunLock::acquire(&out).unwrap();
+    let e = error_of(&demo(&out, &[]).config);
+    assert!(
+        e.contains("in use by another run") && e.contains(&format!("PID {}", std::process::id())),
+        "{e}"
+    );
+    drop(held);
+
     // Missing data file.
     let c = demo(
         &out,

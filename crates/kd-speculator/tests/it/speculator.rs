@@ -440,7 +440,10 @@ fn bad_inputs_are_clear_errors() {
         data_dir: dir.path().join("missing"),
         ..small(&out)
     });
-    assert!(e.contains("missing"), "{e}");
+    assert!(
+        e.contains("--data_dir") && e.contains("missing") && e.contains("does not exist"),
+        "{e}"
+    );
 
     // A draft with another vocabulary: both sizes are named.
     let other = dir.path().join("other-draft");
@@ -497,6 +500,27 @@ fn bad_inputs_are_clear_errors() {
         ..small(&out)
     });
     assert!(e.contains("every loss term is off"), "{e}");
+
+    // Another run holds the output directory: refused, naming the holder; the dry run says so.
+    let held = kd_pipeline::RunLock::acquire(&out).unwrap();
+    let e = err(&small(&out));
+    assert!(
+        e.contains("in use by another run") && e.contains(&format!("PID {}", std::process::id())),
+        "{e}"
+    );
+    let plan = kd_speculator::plan(&small(&out)).unwrap();
+    assert!(
+        plan.warnings.iter().any(|w| w.contains("in use")),
+        "{plan:?}"
+    );
+    drop(held);
+    // An output directory that is a file: named at once, by the dry run too.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = err(&small(&file));
+    assert!(e.contains("--output_dir") && e.contains("is a file"), "{e}");
+    let e = kd_speculator::plan(&small(&file)).unwrap_err().to_string();
+    assert!(e.contains("is a file"), "{e}");
 }
 
 /// Serves the demo target over SGLang's API; every request after the first `healthy` ones

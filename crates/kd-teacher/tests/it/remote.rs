@@ -372,3 +372,93 @@ fn unknown_request_fields_are_refused_by_name() {
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("repetition_penalty"), "{text}");
 }
+
+/// The server fails closed: no key on an address other than loopback is refused unless
+/// allowed explicitly, an empty key is refused, an unset key variable is an error naming it;
+/// and requests over the limits get a 400 that says which limit.
+#[test]
+fn the_server_fails_closed_and_enforces_its_limits() {
+    let msg = spawn_server(teacher(1), "0.0.0.0:0", ServeConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("no API key") && msg.contains("--allow_unauthenticated"),
+        "{msg}"
+    );
+    let open = spawn_server(
+        teacher(1),
+        "0.0.0.0:0",
+        ServeConfig {
+            allow_unauthenticated: true,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    drop(open);
+    let msg = spawn_server(
+        teacher(1),
+        "127.0.0.1:0",
+        ServeConfig {
+            api_key: Some(" ".into()),
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(msg.contains("empty"), "{msg}");
+    let unset = "KD_TEST_API_KEY_THAT_IS_NOT_SET";
+    let msg = kd_teacher::api_key_from_env(unset).unwrap_err().to_string();
+    assert!(msg.contains(unset) && msg.contains("not set"), "{msg}");
+    assert!(kd_teacher::api_key_from_env("PATH").is_ok());
+
+    let server = spawn_server(
+        teacher(2),
+        "127.0.0.1:0",
+        ServeConfig {
+            max_prompts_per_request: 2,
+            max_new_tokens: 8,
+            max_body_bytes: 64 << 10,
+            ..ServeConfig::default()
+        },
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let post = |body: serde_json::Value| {
+        rt.block_on(async {
+            let r = reqwest::Client::new()
+                .post(format!("{}/generate", server.url()))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        })
+    };
+    let sp = |n: usize| serde_json::json!({"max_new_tokens": n});
+    let (status, text) = post(serde_json::json!({
+        "input_ids": [[1, 2], [3, 4], [5, 6]], "sampling_params": sp(2)
+    }));
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("3 prompts") && text.contains("at most 2"),
+        "{text}"
+    );
+    let (status, text) = post(serde_json::json!({"input_ids": [1, 2], "sampling_params": sp(9)}));
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("max_new_tokens 9") && text.contains("limit of 8"),
+        "{text}"
+    );
+    let context = teacher(1).model().config().max_position_embeddings;
+    let long: Vec<u32> = (0..context as u32 + 1).map(|i| 1 + i % 200).collect();
+    let (status, text) = post(serde_json::json!({"input_ids": long, "sampling_params": sp(1)}));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains(&format!("context is {context}")), "{text}");
+    let big: Vec<u32> = vec![7; 40_000];
+    let (status, text) = post(serde_json::json!({"input_ids": big, "sampling_params": sp(1)}));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("length limit"), "{text}");
+    // Within the limits: answered.
+    let (status, text) = post(serde_json::json!({"input_ids": [1, 2], "sampling_params": sp(8)}));
+    assert_eq!(status, 200, "{text}");
+}

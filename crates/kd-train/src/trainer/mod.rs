@@ -23,7 +23,7 @@ use crate::model::{TrainModel, Trainable};
 use crate::schedule::learning_rate;
 use plan::RunPlan;
 use resume::{Resumed, resume};
-use save::save_checkpoints;
+use save::{save_checkpoints, save_stop_checkpoint};
 use step::run_step;
 use window::{MetricsWindow, write_log};
 
@@ -254,18 +254,38 @@ impl<'a, M: Trainable> Trainer<'a, M> {
             history.epoch = epoch_f;
 
             // Checkpoints.
+            let epoch_done = state.next_micro_batch >= plan.len();
             let saved = save_checkpoints(
                 &config,
                 (&model, &optimizer),
                 (&state, &history),
-                state.next_micro_batch >= plan.len(),
+                epoch_done,
+                false,
             )?;
+            let step_checkpoint = saved.first().cloned();
             for path in saved {
                 observer.on_checkpoint(&path);
                 summary.checkpoints.push(path);
             }
             if let Some(h) = hook.as_mut() {
                 h.after_step(state.global_step, run.total_steps, &model)?;
+            }
+            if state.global_step < run.total_steps && observer.stop_requested() {
+                let checkpoint = match step_checkpoint {
+                    Some(path) => path,
+                    // Not reported through `on_checkpoint`: no evaluation on the way out.
+                    None => save_stop_checkpoint(
+                        &config,
+                        (&model, &optimizer),
+                        (&state, &history),
+                        epoch_done,
+                    )?,
+                };
+                return Err(TrainError::Stopped {
+                    step: state.global_step,
+                    total_steps: run.total_steps,
+                    checkpoint,
+                });
             }
         }
         summary.global_step = state.global_step;

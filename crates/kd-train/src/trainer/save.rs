@@ -11,18 +11,35 @@ use crate::error::{Result, TrainError};
 use crate::model::{Trainable, all_finite};
 use crate::optim::AdamW;
 
-/// The checkpoints due after a step (periodic, end of epoch, the last step), written
-/// atomically with the optimizer and counters; prunes old ones. Returns their paths.
+/// The checkpoint of a run stopped on request after a step that had none due.
+pub(crate) fn save_stop_checkpoint<M: Trainable>(
+    config: &TrainConfig,
+    model: (&M, &AdamW),
+    state: (&TrainingState, &TrainerState),
+    epoch_done: bool,
+) -> Result<PathBuf> {
+    let saved = save_checkpoints(config, model, state, epoch_done, true)?;
+    Ok(saved
+        .into_iter()
+        .next()
+        .expect("a forced save writes a checkpoint"))
+}
+
+/// The checkpoints due after a step (periodic, end of epoch, the last step, or any step when
+/// `forced`: a stop on request), written atomically with the optimizer and counters; prunes
+/// old ones. Returns their paths.
 pub(crate) fn save_checkpoints<M: Trainable>(
     config: &TrainConfig,
     (model, optimizer): (&M, &AdamW),
     (state, history): (&TrainingState, &TrainerState),
     epoch_done: bool,
+    forced: bool,
 ) -> Result<Vec<PathBuf>> {
     let out = &config.output_dir;
     let mut names = Vec::new();
     let last = state.global_step == state.total_steps;
-    let periodic = config.save_steps > 0 && state.global_step.is_multiple_of(config.save_steps);
+    let periodic =
+        forced || config.save_steps > 0 && state.global_step.is_multiple_of(config.save_steps);
     // The last step always leaves a checkpoint (an epoch checkpoint when it ends an epoch).
     if periodic || (last && !(config.save_epoch_checkpoints && epoch_done)) {
         names.push(format!("checkpoint-{}", state.global_step));

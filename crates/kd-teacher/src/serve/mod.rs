@@ -12,9 +12,8 @@
 //! Supported request fields: see the SGLang and OpenAI request types; anything else, hidden
 //! states included, is refused with HTTP 400 naming the field, never silently ignored.
 
-use std::net::SocketAddr;
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
@@ -23,168 +22,31 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kd_model::FinishReason;
-use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::error::{Result, TeacherError};
-use crate::local::{LocalTeacher, Teacher};
-use crate::types::{Generation, LAST_HIDDEN_LAYER, SamplingParams, ScoreOptions, Scores};
+use crate::local::LocalTeacher;
+use crate::types::{SamplingParams, Scores};
 use crate::wire::{
     OaiChoice, OaiLogprobs, OaiRequest, OaiResponse, OaiUsage, SglFinish, SglHidden, SglLogprob,
     SglMeta, SglRequest, SglResponse, token_key,
 };
 
-/// How long a shutdown waits for requests in flight.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+mod config;
+mod handle;
+mod worker;
 
-/// How the server behaves.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServeConfig {
-    /// Name reported by `/v1/models` and in OpenAI responses.
-    pub model_name: String,
-    /// Milliseconds the worker waits for more requests before running a partial batch.
-    pub batch_wait_ms: u64,
-    /// When set, requests must carry `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        Self {
-            model_name: "teacher".into(),
-            batch_wait_ms: 5,
-            api_key: None,
-        }
-    }
-}
-
-/// One prompt for the worker.
-struct Job {
-    ids: Vec<u32>,
-    /// Seed of the prompt's sampling stream.
-    seed: u64,
-    params: SamplingParams,
-    /// Top-k log-probs over prompt and output, when asked.
-    top_k: Option<usize>,
-    /// The last layer's hidden states over prompt and output, when asked.
-    hidden: bool,
-    reply: oneshot::Sender<Result<JobResult>>,
-}
-
-struct JobResult {
-    generation: Generation,
-    /// Scores over prompt ++ generated ids (position t predicts token t + 1), with the last
-    /// layer's hidden states when asked.
-    scores: Option<Scores>,
-}
+pub use config::{ServeConfig, api_key_from_env};
+pub use handle::{ServerHandle, spawn_server};
+use worker::{Job, JobResult, worker};
 
 #[derive(Clone)]
 struct AppState {
     jobs: mpsc::Sender<Job>,
     config: ServeConfig,
     vocab: usize,
-}
-
-/// The worker: owns the teacher, batches jobs of equal sampling settings.
-fn worker(teacher: LocalTeacher, rx: mpsc::Receiver<Job>, wait: Duration) {
-    let cap = teacher.batch_size();
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        let deadline = Instant::now() + wait;
-        while jobs.len() < cap {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(j) => jobs.push(j),
-                Err(_) => break,
-            }
-        }
-        // Groups of identical settings (the seed is per prompt).
-        let mut groups: Vec<(SamplingParams, Vec<Job>)> = Vec::new();
-        for job in jobs {
-            if let Err(e) = teacher.check_ids(&job.ids, "the prompt") {
-                let _ = job.reply.send(Err(e));
-                continue;
-            }
-            let key = SamplingParams {
-                seed: 0,
-                ..job.params.clone()
-            };
-            match groups.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, g)) => g.push(job),
-                None => groups.push((key, vec![job])),
-            }
-        }
-        for (params, group) in groups {
-            run_group(&teacher, &params, group);
-        }
-    }
-}
-
-fn run_group(teacher: &LocalTeacher, params: &SamplingParams, group: Vec<Job>) {
-    let generated: Result<Vec<Generation>> = if params.max_new_tokens == 0 {
-        Ok(group
-            .iter()
-            .map(|_| Generation::empty(params.return_logprobs))
-            .collect())
-    } else {
-        let prompts: Vec<(&[u32], u64)> =
-            group.iter().map(|j| (j.ids.as_slice(), j.seed)).collect();
-        teacher.generate_seeded(&prompts, params)
-    };
-    let generated = match generated {
-        Ok(g) => g,
-        Err(e) => {
-            let msg = e.to_string();
-            for job in group {
-                let _ = job.reply.send(Err(TeacherError::Input(msg.clone())));
-            }
-            return;
-        }
-    };
-    // Scores over prompt ++ output, one batched pass per distinct (top-k, hidden states).
-    let key = |j: &Job| (j.top_k.is_some() || j.hidden).then(|| (j.top_k.unwrap_or(1), j.hidden));
-    let mut scores: Vec<Option<Result<Scores>>> = group.iter().map(|_| None).collect();
-    let mut keys: Vec<(usize, bool)> = group.iter().filter_map(key).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    for (k, hidden) in keys {
-        let members: Vec<usize> = (0..group.len())
-            .filter(|i| key(&group[*i]) == Some((k, hidden)))
-            .collect();
-        let seqs: Vec<Vec<u32>> = members
-            .iter()
-            .map(|i| [group[*i].ids.as_slice(), &generated[*i].ids].concat())
-            .collect();
-        let options = ScoreOptions {
-            top_k: k,
-            hidden_layers: if hidden {
-                vec![LAST_HIDDEN_LAYER]
-            } else {
-                Vec::new()
-            },
-        };
-        match teacher.score_with(&seqs, &options) {
-            Ok(s) => {
-                for (i, s) in members.iter().zip(s) {
-                    scores[*i] = Some(Ok(s));
-                }
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                for i in members {
-                    scores[i] = Some(Err(TeacherError::Serve(msg.clone())));
-                }
-            }
-        }
-    }
-    for ((job, generation), scores) in group.into_iter().zip(generated).zip(scores) {
-        let reply = match scores.transpose() {
-            Ok(scores) => Ok(JobResult { generation, scores }),
-            Err(e) => Err(e),
-        };
-        let _ = job.reply.send(reply);
-    }
+    /// The model's position limit: the longest prompt served.
+    context: usize,
 }
 
 /// An HTTP error in the OpenAI shape `{"error": {"message", "type", "code"}}`.
@@ -212,11 +74,13 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.config.api_key else {
         return Ok(());
     };
+    use subtle::ConstantTimeEq;
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    // Constant time in the key's contents (a length mismatch returns at once).
+    if given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes()))) {
         Ok(())
     } else {
         Err(ApiError(
@@ -237,6 +101,31 @@ async fn submit(
 ) -> Result<Vec<JobResult>, ApiError> {
     if prompts.is_empty() {
         return Err(bad("no prompt given"));
+    }
+    let limits = &state.config;
+    if prompts.len() > limits.max_prompts_per_request {
+        return Err(bad(format!(
+            "{} prompts in one request; this server takes at most {} (split the request)",
+            prompts.len(),
+            limits.max_prompts_per_request
+        )));
+    }
+    if params.max_new_tokens > limits.max_new_tokens {
+        return Err(bad(format!(
+            "max_new_tokens {} is over this server's limit of {}",
+            params.max_new_tokens, limits.max_new_tokens
+        )));
+    }
+    if let Some((i, p)) = prompts
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.len() > state.context)
+    {
+        return Err(bad(format!(
+            "prompt {i} has {} tokens; the model's context is {} positions",
+            p.len(),
+            state.context
+        )));
     }
     if params.max_new_tokens > 0 {
         params.validate().map_err(|e| bad(e.to_string()))?;
@@ -528,126 +417,24 @@ async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
 pub fn router(teacher: LocalTeacher, config: ServeConfig) -> Router {
     let (tx, rx) = mpsc::channel();
     let vocab = teacher.model().config().vocab_size;
+    let context = teacher.model().config().max_position_embeddings;
     let wait = Duration::from_millis(config.batch_wait_ms);
     std::thread::Builder::new()
         .name("kd-teacher-worker".into())
         .spawn(move || worker(teacher, rx, wait))
         .expect("spawn the teacher worker");
+    let body_limit = axum::extract::DefaultBodyLimit::max(config.max_body_bytes);
     let state = AppState {
         jobs: tx,
         config,
         vocab,
+        context,
     };
     Router::new()
         .route("/generate", post(sgl_generate))
         .route("/v1/completions", post(oai_completions))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
+        .layer(body_limit)
         .with_state(state)
-}
-
-/// A server running on its own thread; dropping the handle (or [`ServerHandle::shutdown`])
-/// stops it gracefully.
-#[derive(Debug)]
-pub struct ServerHandle {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
-}
-
-impl ServerHandle {
-    /// The address it listens on (useful with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The base URL, `http://ip:port`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Stops accepting, finishes requests in flight (for up to 5 s) and waits for the thread.
-    pub fn shutdown(mut self) -> Result<()> {
-        self.stop_and_join()
-    }
-
-    fn stop_and_join(&mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        match self.thread.take().map(|t| t.join()) {
-            Some(Ok(Err(e))) => Err(TeacherError::Serve(e.to_string())),
-            Some(Err(_)) => Err(TeacherError::Serve("the server thread panicked".into())),
-            _ => Ok(()),
-        }
-    }
-
-    /// Blocks until the server stops (it runs until shut down or killed).
-    pub fn wait(mut self) -> Result<()> {
-        match self.thread.take().map(|t| t.join()) {
-            Some(Ok(Err(e))) => Err(TeacherError::Serve(e.to_string())),
-            Some(Err(_)) => Err(TeacherError::Serve("the server thread panicked".into())),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Drop for ServerHandle {
-    fn drop(&mut self) {
-        let _ = self.stop_and_join();
-    }
-}
-
-/// Serves `teacher` on `addr` (e.g. `0.0.0.0:30000`, or `127.0.0.1:0` for any free port)
-/// from a thread of its own.
-pub fn spawn_server(
-    teacher: LocalTeacher,
-    addr: &str,
-    config: ServeConfig,
-) -> Result<ServerHandle> {
-    let std_listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| TeacherError::Serve(format!("cannot listen on {addr}: {e}")))?;
-    std_listener
-        .set_nonblocking(true)
-        .map_err(|e| TeacherError::Serve(e.to_string()))?;
-    let local = std_listener
-        .local_addr()
-        .map_err(|e| TeacherError::Serve(e.to_string()))?;
-    let app = router(teacher, config);
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("kd-teacher-server".into())
-        .spawn(move || -> std::io::Result<()> {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(std_listener)?;
-                let (grace_tx, grace_rx) = oneshot::channel::<()>();
-                let serve = axum::serve(listener, app).with_graceful_shutdown(async {
-                    let _ = stop_rx.await;
-                    let _ = grace_tx.send(());
-                });
-                // Connections still open (a client's keep-alive pool) get a grace period,
-                // then are cut when the runtime stops.
-                tokio::select! {
-                    r = serve => r,
-                    _ = async {
-                        if grace_rx.await.is_ok() {
-                            tokio::time::sleep(SHUTDOWN_GRACE).await;
-                        } else {
-                            std::future::pending::<()>().await;
-                        }
-                    } => Ok(()),
-                }
-            })
-        })
-        .map_err(|e| TeacherError::Serve(e.to_string()))?;
-    tracing::info!(%local, "teacher server listening");
-    Ok(ServerHandle {
-        addr: local,
-        stop: Some(stop_tx),
-        thread: Some(thread),
-    })
 }

@@ -4,6 +4,7 @@
 //! prompts). A run killed midway resumes at the first missing shard, so no prompt is lost or
 //! generated twice; a cache made with other settings is refused with the differences.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -11,7 +12,11 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Result, TeacherError};
 use crate::local::{Prompt, Teacher};
-use crate::types::{Generation, LayerHidden, SamplingParams, ScoreOptions, Scores};
+use crate::types::{Generation, SamplingParams};
+
+mod score;
+
+pub use score::{ScoreCache, ScoreCacheManifest, sequences_hash};
 
 /// The manifest file of a cache directory.
 pub const MANIFEST: &str = "manifest.json";
@@ -35,7 +40,7 @@ pub struct CacheManifest {
     pub shard_size: usize,
 }
 
-fn sha256_hex(parts: &[&[u8]]) -> String {
+pub(super) fn sha256_hex(parts: &[&[u8]]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update((p.len() as u64).to_le_bytes());
@@ -224,6 +229,21 @@ impl GenerationCache {
         prompts: &[Prompt],
         mut progress: impl FnMut(CacheProgress),
     ) -> Result<Vec<Generation>> {
+        self.generate_while(teacher, prompts, |p| {
+            progress(p);
+            ControlFlow::Continue(())
+        })
+    }
+
+    /// [`generate`](Self::generate), where `progress` may end the work after a shard:
+    /// [`ControlFlow::Break`] with shards left is [`TeacherError::Stopped`] (the finished
+    /// shards stay on disk for the next run).
+    pub fn generate_while(
+        &self,
+        teacher: &dyn Teacher,
+        prompts: &[Prompt],
+        mut progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
+    ) -> Result<Vec<Generation>> {
         if prompts.len() != self.manifest.count || prompts_hash(prompts) != self.manifest.prompts {
             return Err(TeacherError::CacheMismatch {
                 path: self.dir.clone(),
@@ -253,21 +273,39 @@ impl GenerationCache {
             };
             let tokens = gens.iter().map(|g| g.ids.len()).sum();
             all.extend(gens);
-            progress(CacheProgress {
+            let p = CacheProgress {
                 shards_done: s + 1,
                 shards: self.shards(),
                 prompts_done: all.len(),
                 reused,
                 tokens,
-            });
+            };
+            stop_after(&self.dir, p, &mut progress)?;
         }
         Ok(all)
     }
 }
 
+/// Reports a finished shard; a stop asked for with shards left is [`TeacherError::Stopped`].
+pub(super) fn stop_after(
+    dir: &Path,
+    p: CacheProgress,
+    progress: &mut impl FnMut(CacheProgress) -> ControlFlow<()>,
+) -> Result<()> {
+    let (done, shards) = (p.shards_done, p.shards);
+    if progress(p).is_break() && done < shards {
+        return Err(TeacherError::Stopped {
+            path: dir.to_path_buf(),
+            shards_done: done,
+            shards,
+        });
+    }
+    Ok(())
+}
+
 /// Creates `dir` with `manifest`, or checks that the manifest there equals it (listing the
 /// fields that differ).
-fn open_manifest<M>(dir: &Path, manifest: &M) -> Result<()>
+pub(super) fn open_manifest<M>(dir: &Path, manifest: &M) -> Result<()>
 where
     M: Serialize + serde::de::DeserializeOwned + PartialEq,
 {
@@ -306,237 +344,7 @@ where
     }
 }
 
-/// What determines a score cache's contents.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ScoreCacheManifest {
-    /// Format version.
-    pub version: u32,
-    /// The teacher (see [`model_fingerprint`]).
-    pub teacher: String,
-    /// Top-k and hidden layers.
-    pub options: ScoreOptions,
-    /// SHA-256 of every sequence, in order.
-    pub sequences: String,
-    /// Number of sequences.
-    pub count: usize,
-    /// Sequences per shard.
-    pub shard_size: usize,
-}
-
-/// SHA-256 of token sequences.
-pub fn sequences_hash(sequences: &[Vec<u32>]) -> String {
-    let mut h = Sha256::new();
-    for s in sequences {
-        h.update((s.len() as u64).to_le_bytes());
-        for t in s {
-            h.update(t.to_le_bytes());
-        }
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A cache directory of teacher scores (top-k log-probs and hidden states): shards in
-/// safetensors (`lengths` [n] u32, `indices` [positions, k] u32, `logprobs` [positions, k]
-/// f32, `hidden.{layer}` [positions, dim] f32), each written atomically.
-#[derive(Debug, Clone)]
-pub struct ScoreCache {
-    dir: PathBuf,
-    manifest: ScoreCacheManifest,
-}
-
-impl ScoreCache {
-    /// Opens `dir` for `manifest` (creating it, or checking an existing one).
-    pub fn open(dir: &Path, manifest: ScoreCacheManifest) -> Result<Self> {
-        open_manifest(dir, &manifest)?;
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            manifest,
-        })
-    }
-
-    fn shard_path(&self, s: usize) -> PathBuf {
-        self.dir.join(format!("scores-{s:05}.safetensors"))
-    }
-
-    /// Scores of every sequence: shards on disk are read, the others computed by `teacher`
-    /// and written before the next starts.
-    pub fn score(
-        &self,
-        teacher: &dyn Teacher,
-        sequences: &[Vec<u32>],
-        mut progress: impl FnMut(CacheProgress),
-    ) -> Result<Vec<Scores>> {
-        if sequences.len() != self.manifest.count
-            || sequences_hash(sequences) != self.manifest.sequences
-        {
-            return Err(TeacherError::CacheMismatch {
-                path: self.dir.clone(),
-                differences: "the sequences differ from the manifest's".into(),
-            });
-        }
-        let size = self.manifest.shard_size.max(1);
-        let shards = sequences.len().div_ceil(size);
-        let mut all = Vec::with_capacity(sequences.len());
-        for (s, chunk) in sequences.chunks(size).enumerate() {
-            let path = self.shard_path(s);
-            let reused = path.is_file();
-            let scores = if reused {
-                self.read_shard(&path, chunk)?
-            } else {
-                let scores = teacher.score_with(chunk, &self.manifest.options)?;
-                write_atomic(&path, &self.encode(&scores)?)?;
-                scores
-            };
-            let tokens = scores.iter().map(|s| s.len).sum();
-            all.extend(scores);
-            progress(CacheProgress {
-                shards_done: s + 1,
-                shards,
-                prompts_done: all.len(),
-                reused,
-                tokens,
-            });
-        }
-        Ok(all)
-    }
-
-    fn encode(&self, scores: &[Scores]) -> Result<Vec<u8>> {
-        use safetensors::tensor::{Dtype, TensorView};
-        let k = self.manifest.options.top_k;
-        let positions: usize = scores.iter().map(|s| s.len).sum();
-        let lengths: Vec<u8> = scores
-            .iter()
-            .flat_map(|s| (s.len as u32).to_le_bytes())
-            .collect();
-        let indices: Vec<u8> = scores
-            .iter()
-            .flat_map(|s| s.indices.iter().flat_map(|i| i.to_le_bytes()))
-            .collect();
-        let logprobs: Vec<u8> = scores
-            .iter()
-            .flat_map(|s| s.logprobs.iter().flat_map(|v| v.to_le_bytes()))
-            .collect();
-        let mut hidden = Vec::new();
-        for (j, layer) in self.manifest.options.hidden_layers.iter().enumerate() {
-            let dim = scores.first().map_or(0, |s| s.hidden_states[j].dim);
-            let bytes: Vec<u8> = scores
-                .iter()
-                .flat_map(|s| {
-                    s.hidden_states[j]
-                        .values
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes())
-                })
-                .collect();
-            hidden.push((format!("hidden.{layer}"), dim, bytes));
-        }
-        fn view<'a>(
-            dir: &Path,
-            dtype: Dtype,
-            shape: Vec<usize>,
-            data: &'a [u8],
-        ) -> Result<TensorView<'a>> {
-            TensorView::new(dtype, shape, data).map_err(|e| TeacherError::Format {
-                path: dir.to_path_buf(),
-                message: format!("cannot encode scores: {e}"),
-            })
-        }
-        let dir = self.dir.as_path();
-        let mut tensors = vec![
-            (
-                "lengths".to_string(),
-                view(dir, Dtype::U32, vec![scores.len()], &lengths)?,
-            ),
-            (
-                "indices".to_string(),
-                view(dir, Dtype::U32, vec![positions, k], &indices)?,
-            ),
-            (
-                "logprobs".to_string(),
-                view(dir, Dtype::F32, vec![positions, k], &logprobs)?,
-            ),
-        ];
-        for (name, dim, bytes) in &hidden {
-            tensors.push((
-                name.clone(),
-                view(dir, Dtype::F32, vec![positions, *dim], bytes)?,
-            ));
-        }
-        safetensors::serialize(tensors, None).map_err(|e| TeacherError::Format {
-            path: self.dir.clone(),
-            message: format!("cannot encode scores: {e}"),
-        })
-    }
-
-    fn read_shard(&self, path: &Path, expected: &[Vec<u32>]) -> Result<Vec<Scores>> {
-        let bytes = std::fs::read(path).map_err(|e| TeacherError::io(path, e))?;
-        let bad = |m: String| TeacherError::Format {
-            path: path.to_path_buf(),
-            message: m,
-        };
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let get = |name: &str| {
-            st.tensor(name)
-                .map_err(|e| bad(format!("tensor `{name}`: {e}")))
-        };
-        let words = |data: &[u8]| -> Vec<u32> {
-            data.chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect()
-        };
-        let floats = |data: &[u8]| -> Vec<f32> {
-            data.chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect()
-        };
-        let lengths = words(get("lengths")?.data());
-        let want: Vec<u32> = expected.iter().map(|s| s.len() as u32).collect();
-        if lengths != want {
-            return Err(bad(format!(
-                "sequence lengths {lengths:?} where {want:?} were expected"
-            )));
-        }
-        let k = self.manifest.options.top_k;
-        let positions: usize = want.iter().map(|l| *l as usize).sum();
-        let indices = words(get("indices")?.data());
-        let logprobs = floats(get("logprobs")?.data());
-        if indices.len() != positions * k || logprobs.len() != positions * k {
-            return Err(bad(format!("top-k tensors are not [{positions}, {k}]")));
-        }
-        let mut hidden = Vec::new();
-        for layer in &self.manifest.options.hidden_layers {
-            let t = get(&format!("hidden.{layer}"))?;
-            let dim = t.shape().get(1).copied().unwrap_or(0);
-            if t.shape() != [positions, dim] {
-                return Err(bad(format!("hidden.{layer} has shape {:?}", t.shape())));
-            }
-            hidden.push((*layer, dim, floats(t.data())));
-        }
-        let mut out = Vec::with_capacity(expected.len());
-        let mut at = 0;
-        for len in want.iter().map(|l| *l as usize) {
-            out.push(Scores {
-                len,
-                k,
-                indices: indices[at * k..(at + len) * k].to_vec(),
-                logprobs: logprobs[at * k..(at + len) * k].to_vec(),
-                hidden_states: hidden
-                    .iter()
-                    .map(|(layer, dim, v)| LayerHidden {
-                        layer: *layer,
-                        dim: *dim,
-                        values: v[at * dim..(at + len) * dim].to_vec(),
-                    })
-                    .collect(),
-            });
-            at += len;
-        }
-        Ok(out)
-    }
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     kd_kernels::write_atomic(path, bytes).map_err(|e| TeacherError::io(path, e))
 }
 

@@ -1,0 +1,117 @@
+//! The target's phases: its completions of the training prompts and its scores of them,
+//! through the teacher caches (an interrupted run resumes from the finished shards; a stop on
+//! request ends after the shard in progress).
+
+use kd_teacher::{
+    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, Prompt, ScoreCache,
+    ScoreCacheManifest, ScoreOptions, Scores, prompts_hash, sequences_hash, template_hash,
+};
+
+use crate::config::SpeculatorConfig;
+use crate::data::Examples;
+use crate::error::Result;
+use crate::observe::{Phase, SpeculatorObserver};
+use crate::run::off_policy_kd;
+use crate::settings::TeacherBackend;
+use crate::settings::generation_params;
+use crate::setup::{Setup, teacher_cache_dir};
+
+/// The target's completions of the training prompts, in prompt order, through the
+/// generation cache (an interrupted run resumes from its finished shards).
+pub(crate) fn generate_completions(
+    config: &SpeculatorConfig,
+    setup: &Setup,
+    teacher: &TeacherBackend,
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<Vec<Generation>> {
+    // Longest prompts first: a shard is one teacher batch, and similar lengths together waste
+    // less on padding. The generations go back to prompt order below.
+    let train_prompts = setup.prompts.train_prompts();
+    let mut order: Vec<usize> = (0..train_prompts.len()).collect();
+    order.sort_by_key(|i| std::cmp::Reverse(train_prompts[*i].ids.len()));
+    let prompts: Vec<Prompt> = order.iter().map(|i| train_prompts[*i].clone()).collect();
+    let cache_dir = teacher_cache_dir(config);
+    let shard = config.batch_size * setup.target_devices.len().max(1);
+    let gen_cache = GenerationCache::open(
+        &cache_dir.join("generations"),
+        CacheManifest {
+            version: 1,
+            teacher: teacher.teacher().fingerprint(),
+            template: template_hash(setup.tokenizer.template().map(|t| t.source())),
+            sampling: generation_params(config),
+            prompts: prompts_hash(&prompts),
+            count: prompts.len(),
+            shard_size: shard,
+        },
+    )?;
+    let total = prompts.len();
+    let by_length = gen_cache.generate_while(teacher.teacher(), &prompts, |p| {
+        observer.on_teacher_progress(Phase::Generate, &p, total);
+        continue_unless_stopped(observer)
+    })?;
+    let mut generations = vec![None; by_length.len()];
+    for (i, g) in order.iter().zip(by_length) {
+        generations[*i] = Some(g);
+    }
+    Ok(generations
+        .into_iter()
+        .map(|g| g.expect("every prompt was generated"))
+        .collect())
+}
+
+/// The target's scores of every training example's prompt + completion, through the score
+/// cache.
+pub(crate) fn score(
+    config: &SpeculatorConfig,
+    setup: &Setup,
+    teacher: &TeacherBackend,
+    examples: &Examples,
+    generations: &[Generation],
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<Vec<Scores>> {
+    let sequences: Vec<Vec<u32>> = examples
+        .source
+        .iter()
+        .map(|k| {
+            let prompt = &setup.prompts.ids[setup.prompts.train[*k]];
+            prompt.iter().chain(&generations[*k].ids).copied().collect()
+        })
+        .collect();
+    let options = ScoreOptions {
+        top_k: if off_policy_kd(config) {
+            config.kd_topk
+        } else {
+            1
+        },
+        hidden_layers: if config.use_distillation {
+            vec![config.distill_target_layer.unwrap_or(LAST_HIDDEN_LAYER)]
+        } else {
+            Vec::new()
+        },
+    };
+    let cache = ScoreCache::open(
+        &teacher_cache_dir(config).join("scores"),
+        ScoreCacheManifest {
+            version: 1,
+            teacher: teacher.teacher().fingerprint(),
+            options,
+            sequences: sequences_hash(&sequences),
+            count: sequences.len(),
+            shard_size: config.batch_size * setup.target_devices.len().max(1),
+        },
+    )?;
+    let total = sequences.len();
+    Ok(cache.score_while(teacher.teacher(), &sequences, |p| {
+        observer.on_teacher_progress(Phase::Score, &p, total);
+        continue_unless_stopped(observer)
+    })?)
+}
+
+/// `Break` once the observer asks to stop (the teacher cache keeps its finished shards).
+fn continue_unless_stopped(observer: &mut dyn SpeculatorObserver) -> std::ops::ControlFlow<()> {
+    if observer.stop_requested() {
+        std::ops::ControlFlow::Break(())
+    } else {
+        std::ops::ControlFlow::Continue(())
+    }
+}
