@@ -8,18 +8,11 @@ use std::time::Instant;
 use kd_data::Example;
 use kd_teacher::{ScoreCache, ScoreCacheManifest, ScoreOptions, Scores, Teacher, sequences_hash};
 
+use kd_pipeline::continue_unless_stopped;
+
 use crate::config::DistillConfig;
 use crate::error::Result;
 use crate::run::{Data, DistillObserver};
-
-/// `Break` once the observer asks to stop (the teacher cache keeps its finished shards).
-fn continue_unless_stopped(observer: &mut dyn DistillObserver) -> std::ops::ControlFlow<()> {
-    if observer.stop_requested() {
-        std::ops::ControlFlow::Break(())
-    } else {
-        std::ops::ControlFlow::Continue(())
-    }
-}
 
 fn score_all(
     teacher: &dyn Teacher,

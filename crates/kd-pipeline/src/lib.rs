@@ -23,4 +23,4 @@ pub mod vocab;
 pub use error::{PipelineError, Result, error_report};
 pub use on_policy::{OnPolicy, OnPolicyConfig, OnPolicyData, OnPolicyTotals};
 pub use output_dir::{LOCK_FILE, RunLock, clear_run};
-pub use stop::{EXIT_STOPPED, StopSignals};
+pub use stop::{EXIT_STOPPED, StopSignals, continue_unless_stopped};

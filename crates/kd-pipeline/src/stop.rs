@@ -5,8 +5,11 @@
 //! [`PipelineError::is_stopped`](crate::PipelineError::is_stopped) holds. A second signal ends
 //! the process at once.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use kd_train::metrics::TrainObserver;
 
 use crate::error::{PipelineError, Result};
 
@@ -55,5 +58,15 @@ impl StopSignals {
     /// Asks for a stop, as a signal would.
     pub fn request(&self) {
         self.flag.store(true, Ordering::SeqCst);
+    }
+}
+
+/// `Break` once `observer` asks to stop: what a pipeline passes to the teacher caches'
+/// `generate_while` / `score_while` (the finished shards stay on disk).
+pub fn continue_unless_stopped(observer: &mut dyn TrainObserver) -> ControlFlow<()> {
+    if observer.stop_requested() {
+        ControlFlow::Break(())
+    } else {
+        ControlFlow::Continue(())
     }
 }

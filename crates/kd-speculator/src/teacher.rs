@@ -7,6 +7,8 @@ use kd_teacher::{
     ScoreCacheManifest, ScoreOptions, Scores, prompts_hash, sequences_hash, template_hash,
 };
 
+use kd_pipeline::continue_unless_stopped;
+
 use crate::config::SpeculatorConfig;
 use crate::data::Examples;
 use crate::error::Result;
@@ -105,13 +107,4 @@ pub(crate) fn score(
         observer.on_teacher_progress(Phase::Score, &p, total);
         continue_unless_stopped(observer)
     })?)
-}
-
-/// `Break` once the observer asks to stop (the teacher cache keeps its finished shards).
-fn continue_unless_stopped(observer: &mut dyn SpeculatorObserver) -> std::ops::ControlFlow<()> {
-    if observer.stop_requested() {
-        std::ops::ControlFlow::Break(())
-    } else {
-        std::ops::ControlFlow::Continue(())
-    }
 }
