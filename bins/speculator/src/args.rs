@@ -2,7 +2,9 @@
 //! writes them; every `--a_b` is also accepted as `--a-b`), the subcommands, and the layering
 //! of `--config FILE.yaml` under the flags given.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use anyhow::{Result, bail};
 use clap::parser::ValueSource;
@@ -22,6 +24,27 @@ fn name<T: Serialize>(v: T) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default()
+}
+
+/// A JSON object given on the command line (`--chat_template_kwargs '{"enable_thinking": false}'`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct JsonObject(pub BTreeMap<String, serde_json::Value>);
+
+impl FromStr for JsonObject {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        serde_json::from_str(s).map(JsonObject).map_err(|e| {
+            format!("expected a JSON object such as '{{\"enable_thinking\": false}}': {e}")
+        })
+    }
+}
+
+impl std::fmt::Display for JsonObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&serde_json::to_string(&self.0).map_err(|_| std::fmt::Error)?)
+    }
 }
 
 /// Train a draft model for speculative decoding on a target model's generations.
@@ -268,6 +291,10 @@ pub struct TrainArgs {
     /// Modules that get LoRA adapters.
     #[arg(long, value_delimiter = ',', default_values_t = d().lora_target_modules)]
     pub lora_target_modules: Vec<String>,
+    /// Chat template variables as a JSON object, as vLLM's `chat_template_kwargs`
+    /// (e.g. '{"enable_thinking": false}' for Qwen3).
+    #[arg(long, default_value_t = JsonObject::default())]
+    pub chat_template_kwargs: JsonObject,
     /// AdamW weight decay.
     #[arg(long, default_value_t = d().weight_decay)]
     pub weight_decay: f64,
@@ -331,6 +358,9 @@ pub struct EvalArgs {
     /// A draft/target cost ratio for the theoretical speedup (default: measured).
     #[arg(long)]
     pub cost_ratio: Option<f64>,
+    /// Chat template variables as a JSON object (e.g. '{"enable_thinking": false}').
+    #[arg(long, default_value_t = JsonObject::default())]
+    pub chat_template_kwargs: JsonObject,
     /// Seed of the prompt sample and of sampling.
     #[arg(long, default_value_t = d().seed)]
     pub seed: u64,
@@ -352,6 +382,7 @@ impl EvalArgs {
             data_dir: self.data_dir.clone(),
             max_samples: Some(self.max_samples),
             device: self.device.clone(),
+            chat_template_kwargs: self.chat_template_kwargs.0.clone(),
             options: EvalOptions {
                 spec: SpecConfig {
                     k: self.eval_k,
@@ -636,5 +667,18 @@ mod tests {
         );
         assert!(parse("--scheduler_type step").is_err());
         assert!(parse("--resume_from_checkpoint latest --init_adapter x").is_err());
+    }
+
+    #[test]
+    fn chat_template_kwargs_are_a_json_object() {
+        // split_whitespace in `parse`: the JSON must not contain spaces.
+        let c = parse(r#"--chat_template_kwargs {"enable_thinking":false}"#).unwrap();
+        assert_eq!(
+            c.chat_template_kwargs.get("enable_thinking"),
+            Some(&serde_json::Value::Bool(false))
+        );
+        assert!(parse("").unwrap().chat_template_kwargs.is_empty());
+        let e = parse("--chat_template_kwargs [1]").unwrap_err().to_string();
+        assert!(e.contains("JSON object"), "{e}");
     }
 }

@@ -19,12 +19,14 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     special_tokens: BTreeMap<String, String>,
     source: String,
+    variables: BTreeMap<String, serde_json::Value>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("special_tokens", &self.special_tokens)
+            .field("variables", &self.variables)
             .finish_non_exhaustive()
     }
 }
@@ -47,12 +49,52 @@ impl ChatTemplate {
             env,
             special_tokens,
             source: source.to_string(),
+            variables: BTreeMap::new(),
         })
+    }
+
+    /// Sets variables that every rendering sees, as transformers'
+    /// `apply_chat_template(messages, **kwargs)` and vLLM's / SGLang's `chat_template_kwargs`
+    /// pass them: e.g. Qwen3's `{"enable_thinking": false}` (absent, the template's own
+    /// default applies, as in transformers). A variable given to
+    /// [`render_json`](Self::render_json) overrides one set here. `messages` and
+    /// `add_generation_prompt` cannot be set this way.
+    pub fn with_variables(
+        mut self,
+        variables: BTreeMap<String, serde_json::Value>,
+    ) -> Result<Self> {
+        if let Some(k) = variables
+            .keys()
+            .find(|k| matches!(k.as_str(), "messages" | "add_generation_prompt"))
+        {
+            return Err(DataError::Template(format!(
+                "chat template variable `{k}` is set by the renderer itself and cannot be given                  as a template variable"
+            )));
+        }
+        self.variables = variables;
+        Ok(self)
+    }
+
+    /// The variables set with [`with_variables`](Self::with_variables).
+    pub fn variables(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.variables
     }
 
     /// The template's Jinja source (for cache keys: a changed template changes the prompts).
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// What decides the rendered text besides the messages, for cache keys: the source, and
+    /// the variables where any are set (so that a template without variables keys as its
+    /// source alone).
+    pub fn identity(&self) -> String {
+        if self.variables.is_empty() {
+            self.source.clone()
+        } else {
+            let vars = serde_json::to_string(&self.variables).expect("JSON values serialise");
+            format!("{}\n{{# variables: {vars} #}}", self.source)
+        }
     }
 
     /// Renders `messages` (a JSON list of `{role, content, …}` objects, as in the OpenAI
@@ -79,7 +121,7 @@ impl ChatTemplate {
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), Value::from(v.clone()));
         }
-        for (k, v) in extra {
+        for (k, v) in self.variables.iter().chain(extra) {
             ctx.insert(k.clone(), Value::from_serialize(v));
         }
         ctx.insert("messages".into(), Value::from_serialize(messages));

@@ -2,6 +2,7 @@
 //! with label masks decided by position, and truncation that keeps the end of the prompt and
 //! the start of the completion.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use rayon::prelude::*;
@@ -115,6 +116,26 @@ impl ChatTokenizer {
     pub fn with_template(mut self, template: ChatTemplate) -> Self {
         self.template = Some(template);
         self
+    }
+
+    /// Sets the chat template's variables (Qwen3's `enable_thinking`, …): see
+    /// [`ChatTemplate::with_variables`]. An empty map changes nothing; variables for a
+    /// tokenizer without a chat template are an error.
+    pub fn with_template_variables(
+        mut self,
+        variables: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Self> {
+        if variables.is_empty() {
+            return Ok(self);
+        }
+        let template = self.template.take().ok_or_else(|| {
+            DataError::Template(format!(
+                "chat template variables {:?} given, but the tokenizer has no chat template",
+                variables.keys().collect::<Vec<_>>()
+            ))
+        })?;
+        self.template = Some(template.with_variables(variables.clone())?);
+        Ok(self)
     }
 
     /// The chat template, if the tokenizer has one.

@@ -499,9 +499,11 @@ impl Default for DistillConfig {
 
 impl DistillConfig {
     /// The student's model directory: `student.model_args.model_name_or_path`, else
-    /// `student_pretrain`.
+    /// `student_pretrain`; a hub id (`Qwen/Qwen2.5-7B-Instruct`, as ROLL's examples name
+    /// models) found in the local Hugging Face cache is its snapshot directory.
     pub fn student_path(&self) -> Result<PathBuf> {
-        self.student
+        let path = self
+            .student
             .model_args
             .model_name_or_path
             .clone()
@@ -512,16 +514,20 @@ impl DistillConfig {
                      `student.model_args.model_name_or_path`)"
                         .into(),
                 )
-            })
+            })?;
+        kd_pipeline::models::local_model(&path)
     }
 
-    /// The teacher's model directory (absent for a remote teacher without local weights).
-    pub fn teacher_path(&self) -> Option<PathBuf> {
+    /// The teacher's model directory (absent for a remote teacher without local weights),
+    /// resolved as [`student_path`](Self::student_path) is.
+    pub fn teacher_path(&self) -> Result<Option<PathBuf>> {
         self.teacher
             .model_args
             .model_name_or_path
             .clone()
             .or_else(|| self.teacher_pretrain.clone())
+            .map(|p| kd_pipeline::models::local_model(&p))
+            .transpose()
     }
 
     /// The KD loss settings.

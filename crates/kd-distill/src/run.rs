@@ -316,7 +316,7 @@ fn load_teacher(
 ) -> Result<Box<dyn Teacher>> {
     let vocab = student.config().vocab_size;
     Ok(
-        match (&config.logits_transfer_backend, config.teacher_path()) {
+        match (&config.logits_transfer_backend, config.teacher_path()?) {
             (TransferBackend::Ray, local) => {
                 if let Some(dir) = &local
                     && kd_pipeline::models::is_local_model(dir)

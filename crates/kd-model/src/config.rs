@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::error::{ModelError, Result};
+use crate::family::ModelFamily;
 
 /// How rotary position embeddings are computed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,6 +70,8 @@ impl StoredDType {
 /// with [`LlamaConfig::to_json`], which keeps every field of the original file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
+    /// The decoder family (`model_type`): what differs between Llama, Qwen2 and Qwen3.
+    pub family: ModelFamily,
     /// Vocabulary size (rows of the embedding and of the LM head).
     pub vocab_size: usize,
     /// Model width.
@@ -93,9 +96,11 @@ pub struct LlamaConfig {
     pub max_position_embeddings: usize,
     /// Whether the LM head shares the token embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Bias on q/k/v/o projections.
+    /// `attention_bias` of the config: bias on the q/k/v/o projections of a Llama or Qwen3
+    /// (a Qwen2 always has q/k/v biases and no o bias: see
+    /// [`attention_biases`](Self::attention_biases)).
     pub attention_bias: bool,
-    /// Bias on the MLP projections.
+    /// Bias on the MLP projections (Llama's `mlp_bias`).
     pub mlp_bias: bool,
     /// Beginning-of-sequence token ids (usually one).
     pub bos_token_ids: Vec<u32>,
@@ -151,7 +156,8 @@ impl LlamaConfig {
 
     fn from_map(raw: Map<String, Value>, path: &Path) -> Result<Self> {
         let f = Fields { map: &raw, path };
-        f.check_architecture()?;
+        let family = f.family()?;
+        f.check_attention_layout(family)?;
         match f.str_opt("hidden_act")? {
             None | Some("silu") => {}
             Some(other) => {
@@ -176,7 +182,7 @@ impl LlamaConfig {
                 ),
             ));
         }
-        let head_dim = match f.usize_opt("head_dim")? {
+        let head_dim = match f.usize_opt("head_dim")?.or(family.default_head_dim()) {
             Some(d) => d,
             None if hidden_size.is_multiple_of(num_attention_heads) => {
                 hidden_size / num_attention_heads
@@ -198,7 +204,9 @@ impl LlamaConfig {
         let (rope_theta, rope_scaling) = f.rope()?;
         let torch_dtype = f.dtype()?;
 
+        let (has_attention_bias, has_mlp_bias) = family.config_fields();
         let config = Self {
+            family,
             vocab_size: f.usize_req("vocab_size")?,
             hidden_size,
             intermediate_size: f.usize_req("intermediate_size")?,
@@ -209,10 +217,12 @@ impl LlamaConfig {
             rms_norm_eps: f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(2048),
+            max_position_embeddings: f
+                .usize_opt("max_position_embeddings")?
+                .unwrap_or(family.default_max_positions()),
             tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(false),
-            attention_bias: f.bool_opt("attention_bias")?.unwrap_or(false),
-            mlp_bias: f.bool_opt("mlp_bias")?.unwrap_or(false),
+            attention_bias: has_attention_bias && f.bool_opt("attention_bias")?.unwrap_or(false),
+            mlp_bias: has_mlp_bias && f.bool_opt("mlp_bias")?.unwrap_or(false),
             bos_token_ids: f.ids("bos_token_id")?,
             eos_token_ids: f.ids("eos_token_id")?,
             pad_token_id: f.ids("pad_token_id")?.first().copied(),
@@ -277,6 +287,34 @@ impl LlamaConfig {
         c
     }
 
+    /// The same shape as a Llama (an EAGLE-3 draft layer over a Qwen target is Llama-shaped,
+    /// as SpecForge's is): family, `model_type` and the fields only Qwen reads reset.
+    pub(crate) fn into_llama_layout(mut self) -> Self {
+        self.family = ModelFamily::Llama;
+        self.raw.insert("model_type".into(), "llama".into());
+        self.raw.remove("architectures");
+        for key in [
+            "use_sliding_window",
+            "sliding_window",
+            "max_window_layers",
+            "layer_types",
+        ] {
+            self.raw.remove(key);
+        }
+        self
+    }
+
+    /// Which of the q, k, v and o projections carry a bias.
+    pub fn attention_biases(&self) -> [bool; 4] {
+        self.family.attention_biases(self.attention_bias)
+    }
+
+    /// Whether each query and key head is RMS-normalised before RoPE (Qwen3's `q_norm`,
+    /// `k_norm`).
+    pub fn qk_norm(&self) -> bool {
+        self.family.qk_norm()
+    }
+
     /// The number of query heads that share one key/value head.
     pub fn kv_groups(&self) -> usize {
         self.num_attention_heads / self.num_key_value_heads
@@ -292,11 +330,11 @@ impl LlamaConfig {
             self.intermediate_size,
         );
         let attn = d * h * hd * 2 + d * kv * hd * 2;
-        let attn_bias = if self.attention_bias {
-            h * hd + 2 * kv * hd + d
-        } else {
-            0
-        };
+        let [qb, kb, vb, ob] = self.attention_biases();
+        let attn_bias = usize::from(qb) * h * hd
+            + (usize::from(kb) + usize::from(vb)) * kv * hd
+            + usize::from(ob) * d;
+        let attn_bias = attn_bias + if self.qk_norm() { 2 * hd } else { 0 };
         let mlp = 3 * d * i + if self.mlp_bias { 2 * i + d } else { 0 };
         let layer = attn + attn_bias + mlp + 2 * d;
         let head = if self.tie_word_embeddings {
@@ -330,8 +368,13 @@ impl LlamaConfig {
             self.max_position_embeddings.into(),
         );
         put("tie_word_embeddings", self.tie_word_embeddings.into());
-        put("attention_bias", self.attention_bias.into());
-        put("mlp_bias", self.mlp_bias.into());
+        let (has_attention_bias, has_mlp_bias) = self.family.config_fields();
+        if has_attention_bias {
+            put("attention_bias", self.attention_bias.into());
+        }
+        if has_mlp_bias {
+            put("mlp_bias", self.mlp_bias.into());
+        }
         put("bos_token_id", ids_json(&self.bos_token_ids));
         put("eos_token_id", ids_json(&self.eos_token_ids));
         if let Some(pad) = self.pad_token_id {
@@ -379,8 +422,9 @@ impl LlamaConfig {
             map.insert(dtype_key.into(), dtype.hf_name().into());
         }
         map.entry("architectures")
-            .or_insert_with(|| serde_json::json!(["LlamaForCausalLM"]));
-        map.entry("model_type").or_insert_with(|| "llama".into());
+            .or_insert_with(|| serde_json::json!([self.family.architecture()]));
+        map.entry("model_type")
+            .or_insert_with(|| self.family.model_type().into());
         map.entry("hidden_act").or_insert_with(|| "silu".into());
         Value::Object(map)
     }
@@ -469,29 +513,77 @@ impl Fields<'_> {
         }
     }
 
-    fn check_architecture(&self) -> Result<()> {
-        if let Some(model_type) = self.str_opt("model_type")?
-            && model_type != "llama"
-        {
+    /// The family `model_type` and `architectures` name (Llama when neither is given);
+    /// an unknown one, or the two naming different families, is an error listing the
+    /// supported ones.
+    fn family(&self) -> Result<ModelFamily> {
+        let from_type = match self.str_opt("model_type")? {
+            None => None,
+            Some(t) => Some(ModelFamily::from_model_type(t).ok_or_else(|| {
+                self.err(
+                    "model_type",
+                    format!(
+                        "unsupported model type {t:?}: supported are {}",
+                        ModelFamily::supported()
+                    ),
+                )
+            })?),
+        };
+        let from_arch = match self.get("architectures") {
+            None | Some(Value::Null) => None,
+            Some(archs) => {
+                let names: Vec<&str> = archs
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let family = names
+                    .iter()
+                    .find_map(|n| ModelFamily::from_architecture(n))
+                    .ok_or_else(|| {
+                        let known: Vec<_> =
+                            ModelFamily::ALL.iter().map(|f| f.architecture()).collect();
+                        self.err(
+                            "architectures",
+                            format!("unsupported architecture {archs}: supported are {known:?}"),
+                        )
+                    })?;
+                Some(family)
+            }
+        };
+        match (from_type, from_arch) {
+            (Some(t), Some(a)) if t != a => Err(self.err(
+                "architectures",
+                format!(
+                    "names {} but model_type is {:?}",
+                    a.architecture(),
+                    t.model_type()
+                ),
+            )),
+            (t, a) => Ok(t.or(a).unwrap_or_default()),
+        }
+    }
+
+    /// Refuses what the model would otherwise silently compute differently: sliding-window
+    /// attention switched on (Qwen2/Qwen3's `use_sliding_window`, or transformers ≥ 5's
+    /// `layer_types` naming a sliding layer).
+    fn check_attention_layout(&self, family: ModelFamily) -> Result<()> {
+        if family != ModelFamily::Llama && self.bool_opt("use_sliding_window")? == Some(true) {
             return Err(self.err(
-                "model_type",
-                format!("unsupported model type {model_type:?}: this crate runs \"llama\""),
+                "use_sliding_window",
+                "sliding-window attention is not supported; released Qwen checkpoints set \
+                 it to false",
             ));
         }
-        if let Some(archs) = self.get("architectures") {
-            let names: Vec<&str> = archs
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if !names
+        if let Some(types) = self.get("layer_types").and_then(Value::as_array)
+            && let Some((i, t)) = types
                 .iter()
-                .any(|n| matches!(*n, "LlamaForCausalLM" | "LlamaModel"))
-            {
-                return Err(self.err(
-                    "architectures",
-                    format!("unsupported architecture {archs}: expected [\"LlamaForCausalLM\"]"),
-                ));
-            }
+                .enumerate()
+                .find(|(_, t)| t.as_str() != Some("full_attention"))
+        {
+            return Err(self.err(
+                &format!("layer_types[{i}]"),
+                format!("{t}: only \"full_attention\" layers are supported"),
+            ));
         }
         Ok(())
     }
@@ -747,6 +839,41 @@ mod tests {
         assert!(!c.tie_word_embeddings);
     }
 
+    #[test]
+    fn qwen_families_read_their_own_fields() {
+        let base = r#""vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2"#;
+        // Qwen2: q/k/v biases whatever `attention_bias` says (its config has none), no o bias.
+        let c = LlamaConfig::from_json_str(&format!(
+            r#"{{{base}, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                 "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 21}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.family, ModelFamily::Qwen2);
+        assert_eq!(c.attention_biases(), [true, true, true, false]);
+        assert!(!c.qk_norm());
+        assert_eq!(c.max_position_embeddings, 32_768);
+        let json = c.to_json();
+        assert_eq!(json["model_type"], "qwen2");
+        assert!(json.get("attention_bias").is_none() && json.get("mlp_bias").is_none());
+        assert_eq!(json["use_sliding_window"], false);
+        // Qwen3: per-head q/k norms; `attention_bias` for all four projections.
+        let c = LlamaConfig::from_json_str(&format!(
+            r#"{{{base}, "model_type": "qwen3", "head_dim": 16, "attention_bias": true}}"#
+        ))
+        .unwrap();
+        assert_eq!(
+            (c.family, c.head_dim, c.attention_biases(), c.qk_norm()),
+            (ModelFamily::Qwen3, 16, [true; 4], true)
+        );
+        assert_eq!(c.to_json()["architectures"][0], "Qwen3ForCausalLM");
+        // Parameters: one layer's biases and norms on top of the same shapes.
+        let plain = LlamaConfig::from_json_str(&format!(r#"{{{base}, "head_dim": 16}}"#)).unwrap();
+        assert_eq!(
+            c.num_parameters() - plain.num_parameters(),
+            (2 * 16 + 2 * 2 * 16 + 8) + 2 * 16
+        );
+    }
+
     fn err_of(text: &str) -> String {
         LlamaConfig::from_json_str(text).unwrap_err().to_string()
     }
@@ -761,8 +888,25 @@ mod tests {
             e.contains("`architectures`") && e.contains("MistralForCausalLM"),
             "{e}"
         );
-        let e = err_of(&format!(r#"{{{base}, "model_type": "qwen2"}}"#));
-        assert!(e.contains("`model_type`") && e.contains("qwen2"), "{e}");
+        let e = err_of(&format!(r#"{{{base}, "model_type": "gemma2"}}"#));
+        assert!(
+            e.contains("`model_type`")
+                && e.contains("gemma2")
+                && e.contains(r#"supported are "llama", "qwen2", "qwen3""#),
+            "{e}"
+        );
+        let e = err_of(&format!(
+            r#"{{{base}, "model_type": "qwen2", "architectures": ["LlamaForCausalLM"]}}"#
+        ));
+        assert!(e.contains("`architectures`") && e.contains("qwen2"), "{e}");
+        let e = err_of(&format!(
+            r#"{{{base}, "model_type": "qwen2", "use_sliding_window": true}}"#
+        ));
+        assert!(e.contains("`use_sliding_window`"), "{e}");
+        let e = err_of(&format!(
+            r#"{{{base}, "model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]}}"#
+        ));
+        assert!(e.contains("`layer_types[1]`"), "{e}");
         let e = err_of(&format!(
             r#"{{{base}, "rope_scaling": {{"rope_type": "yarn", "factor": 4.0}}}}"#
         ));

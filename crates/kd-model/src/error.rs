@@ -95,6 +95,15 @@ pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] kd_gguf::GgufError),
 
+    /// A hub id whose repository is in the local Hugging Face cache, but not usable.
+    #[error("model `{id}` in the Hugging Face cache: {message}")]
+    HubCache {
+        /// The id as given (`org/name` or `org/name@revision`).
+        id: String,
+        /// What was looked for and what to do.
+        message: String,
+    },
+
     /// A LoRA configuration or adapter problem.
     #[error("LoRA: {0}")]
     Lora(String),

@@ -1,12 +1,14 @@
-//! Llama-architecture GGUF files (llama.cpp's format): the hyper-parameters from the metadata,
-//! the tensors under their Hugging Face names, dequantised to f32, with the Q/K row
-//! permutation of llama.cpp's converter undone.
+//! GGUF files (llama.cpp's format) of the `llama`, `qwen2` and `qwen3` architectures: the
+//! hyper-parameters from the metadata, the tensors under their Hugging Face names,
+//! dequantised to f32, with the Q/K row permutation of llama.cpp's converter undone.
 //!
-//! llama.cpp's `convert_hf_to_gguf.py` stores `q_proj` and `k_proj` with the two halves of
-//! each head interleaved (its `LlamaModel.permute`: rows `(head, half, i)` become
+//! llama.cpp's `convert_hf_to_gguf.py` stores a Llama's `q_proj` and `k_proj` with the two
+//! halves of each head interleaved (its `LlamaModel.permute`: rows `(head, half, i)` become
 //! `(head, i, half)`), because ggml rotates adjacent pairs where transformers rotates
 //! `(i, i + d/2)`. [`unpermute_rows`] reverses that, so the model computes exactly what
-//! transformers' `LlamaForCausalLM` loaded from the same file computes.
+//! transformers' `LlamaForCausalLM` loaded from the same file computes. The Qwen converters
+//! keep Hugging Face's row order (llama.cpp runs those architectures with NEOX-style RoPE),
+//! so their rows are read as stored.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::family::ModelFamily;
 use crate::weights::{TensorSource, transpose_data};
 
 /// The name of the tensor holding llama3-style RoPE frequency divisors.
@@ -43,8 +46,8 @@ impl GgufSource {
                 }
                 None if t.name == ROPE_FREQS => {}
                 None => unknown.push(format!(
-                    "unexpected tensor `{}` with dims {:?} (not part of a llama model)",
-                    t.name, t.dims
+                    "unexpected tensor `{}` with dims {:?} (not part of a {} model)",
+                    t.name, t.dims, config.family
                 )),
             }
         }
@@ -167,6 +170,8 @@ fn hf_name(gguf: &str, c: &LlamaConfig) -> Option<(String, Option<usize>)> {
         "ffn_norm" => ("post_attention_layernorm", None),
         "attn_q" => ("self_attn.q_proj", Some(c.num_attention_heads)),
         "attn_k" => ("self_attn.k_proj", Some(c.num_key_value_heads)),
+        "attn_q_norm" if c.qk_norm() => ("self_attn.q_norm", None),
+        "attn_k_norm" if c.qk_norm() => ("self_attn.k_norm", None),
         "attn_v" => ("self_attn.v_proj", None),
         "attn_output" => ("self_attn.o_proj", None),
         "ffn_gate" => ("mlp.gate_proj", None),
@@ -174,25 +179,28 @@ fn hf_name(gguf: &str, c: &LlamaConfig) -> Option<(String, Option<usize>)> {
         "ffn_down" => ("mlp.down_proj", None),
         _ => return None,
     };
+    let heads = heads.filter(|_| c.family.gguf_permutes_qk() && suffix == "weight");
     Some((format!("model.layers.{layer}.{hf}.{suffix}"), heads))
 }
 
-/// The configuration a llama-architecture GGUF file describes, as the `config.json`
-/// transformers' GGUF loader would derive (`LlamaConfig::to_json` writes it back).
+/// The configuration a `llama`, `qwen2` or `qwen3` GGUF file describes, as the
+/// `config.json` transformers' GGUF loader would derive (`LlamaConfig::to_json` writes it
+/// back).
 pub(crate) fn config_from_gguf(g: &GgufFile) -> Result<LlamaConfig> {
     let path = g.path().to_path_buf();
     let arch = g.str("general.architecture")?;
-    if arch != "llama" {
+    let Some(family) = ModelFamily::from_model_type(arch) else {
         return Err(ModelError::config(
             &path,
             "general.architecture",
             format!(
-                "unsupported architecture `{arch}`: this crate loads llama-architecture GGUF \
-                 files (Llama, SmolLM, TinyLlama, …)"
+                "unsupported architecture `{arch}`: supported are {} (Llama, SmolLM, \
+                 TinyLlama, Qwen2, Qwen2.5, Qwen3, …)",
+                ModelFamily::supported()
             ),
         ));
-    }
-    let key = |k: &str| format!("llama.{k}");
+    };
+    let key = |k: &str| format!("{arch}.{k}");
     let hidden = g.uint(&key("embedding_length"))?;
     let heads = g.uint(&key("attention.head_count"))?;
     let kv_heads = g
@@ -209,7 +217,7 @@ pub(crate) fn config_from_gguf(g: &GgufFile) -> Result<LlamaConfig> {
         return Err(ModelError::config(
             &path,
             key("attention.value_length"),
-            format!("{v} differs from the key length {head_dim}; llama uses one head width"),
+            format!("{v} differs from the key length {head_dim}; {arch} uses one head width"),
         ));
     }
     if let Some(r) = g.opt_uint(&key("rope.dimension_count"))?
@@ -247,8 +255,8 @@ pub(crate) fn config_from_gguf(g: &GgufFile) -> Result<LlamaConfig> {
             .map_or(Value::Null, Value::from))
     };
     let config = json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [family.architecture()],
+        "model_type": family.model_type(),
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": g.uint(&key("feed_forward_length"))?,

@@ -1,5 +1,6 @@
 //! A Llama-architecture decoder on Burn 0.22 that loads Hugging Face checkpoints and matches
-//! transformers' `LlamaForCausalLM` numerically.
+//! transformers' `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM` numerically
+//! (the families differ only where [`ModelFamily`] says: biases, per-head q/k norms).
 //!
 //! - [`LlamaConfig`] reads `config.json` in both styles found in the wild (the hub's Llama 3.x
 //!   files and what transformers ≥ 5 writes).
@@ -36,8 +37,10 @@ mod config;
 mod device;
 mod eagle3;
 mod error;
+mod family;
 mod generate;
 mod gguf;
+mod hub;
 mod lora;
 mod model;
 pub mod ops;
@@ -63,8 +66,10 @@ pub use eagle3::{
     DraftKvCache, DraftVocab, EAGLE3_ARCHITECTURE, Eagle3Config, Eagle3Draft, TttCache,
 };
 pub use error::{ModelError, Result};
+pub use family::ModelFamily;
 pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
 pub use gguf::unpermute_rows;
+pub use hub::{hf_hub_cache, resolve_model_path, resolve_model_path_in};
 pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};
 pub use lora::{ParameterReport, TOKENIZER_FILES, copy_tokenizer_files};
 pub use model::{Attention, DecoderLayer, Llama, LmHead, Mlp, ModelOutput};
@@ -80,8 +85,9 @@ pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
 
 impl Llama {
     /// Loads a model computing in f32: a Hugging Face directory (`config.json` and
-    /// safetensors weights), a llama-architecture `.gguf` file, or a directory holding one
-    /// `.gguf` file and no `config.json`.
+    /// safetensors weights), a `.gguf` file, a directory holding one `.gguf` file and no
+    /// `config.json`, or a hub id (`org/name`) found in the local Hugging Face cache
+    /// ([`resolve_model_path`]). Llama, Qwen2/Qwen2.5 and Qwen3 models ([`ModelFamily`]).
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
         Self::load_with(path, ComputeDType::F32, device)
     }
@@ -89,7 +95,7 @@ impl Llama {
     /// Like [`load`](Self::load), computing in the given dtype. GGUF weights are dequantised
     /// to f32 (then rounded to bf16 when asked).
     pub fn load_with(path: impl AsRef<Path>, dtype: ComputeDType, device: &Device) -> Result<Self> {
-        let path = path.as_ref();
+        let path = &resolve_model_path(path)?;
         if let Some(file) = gguf::gguf_path(path)? {
             let (source, config) = gguf::GgufSource::open(&file)?;
             return weights::load(&source, config, dtype, device);
@@ -105,7 +111,7 @@ impl Llama {
     /// or merge into such a model's base weights: the blocks would not follow
     /// ([`merge_and_unload`](Self::merge_and_unload) drops them).
     pub fn load_for_inference(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
-        let path = path.as_ref();
+        let path = &resolve_model_path(path)?;
         let Some(file) = gguf::gguf_path(path)? else {
             return Self::load(path, device);
         };

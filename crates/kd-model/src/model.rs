@@ -32,6 +32,10 @@ pub struct Attention {
     pub v_proj: LoraLinear,
     /// Output projection, `heads · head_dim → hidden`.
     pub o_proj: LoraLinear,
+    /// RMSNorm over each query head (`head_dim`) before RoPE: Qwen3's `q_norm`.
+    pub q_norm: Option<RmsNorm>,
+    /// RMSNorm over each key head before RoPE: Qwen3's `k_norm`.
+    pub k_norm: Option<RmsNorm>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -57,11 +61,20 @@ impl Attention {
         let [b, s, _] = x.dims();
         let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let pk = |i: usize| packs.and_then(|p| p[i].as_ref());
-        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, d]).swap_dims(1, 2);
+        // [b, s, n·d] → [b, n, s, d], each head normalised over its width where the family
+        // asks (one RMSNorm over b·s·n rows of d).
+        let heads = |t: Tensor<3>, n: usize, norm: Option<&RmsNorm>| {
+            let t = match norm {
+                Some(norm) => rms_norm(norm, t.reshape([b, s * n, d])),
+                None => t,
+            };
+            t.reshape([b, s, n, d]).swap_dims(1, 2)
+        };
         let q = apply_rotary(
             heads(
                 project(&self.q_proj, pk(0), x.clone(), module_seed(seed, 0)),
                 h,
+                self.q_norm.as_ref(),
             ),
             cos,
             sin,
@@ -70,11 +83,16 @@ impl Attention {
             heads(
                 project(&self.k_proj, pk(1), x.clone(), module_seed(seed, 1)),
                 kv,
+                self.k_norm.as_ref(),
             ),
             cos,
             sin,
         );
-        let v = heads(project(&self.v_proj, pk(2), x, module_seed(seed, 2)), kv);
+        let v = heads(
+            project(&self.v_proj, pk(2), x, module_seed(seed, 2)),
+            kv,
+            None,
+        );
         let (k, v) = match cache {
             Some((cache, layer)) => cache.append(layer, k, v),
             None => (k, v),
@@ -273,29 +291,33 @@ impl Llama {
                     .init(device),
             )
         };
-        let norm = || {
-            RmsNormConfig::new(config.hidden_size)
+        let norm_of = |width: usize| {
+            RmsNormConfig::new(width)
                 .with_epsilon(config.rms_norm_eps)
                 .init(device)
         };
+        let norm = || norm_of(config.hidden_size);
         let (d, q, kv, i) = (
             config.hidden_size,
             config.num_attention_heads * config.head_dim,
             config.num_key_value_heads * config.head_dim,
             config.intermediate_size,
         );
-        let (ab, mb) = (config.attention_bias, config.mlp_bias);
+        let ([qb, kb, vb, ob], mb) = (config.attention_biases(), config.mlp_bias);
         let layers = (0..config.num_hidden_layers)
             .map(|_| DecoderLayer {
                 input_layernorm: norm(),
                 self_attn: Self::attention_from_parts(
                     config,
                     [
-                        linear(d, q, ab),
-                        linear(d, kv, ab),
-                        linear(d, kv, ab),
-                        linear(q, d, ab),
+                        linear(d, q, qb),
+                        linear(d, kv, kb),
+                        linear(d, kv, vb),
+                        linear(q, d, ob),
                     ],
+                    config
+                        .qk_norm()
+                        .then(|| [norm_of(config.head_dim), norm_of(config.head_dim)]),
                 ),
                 post_attention_layernorm: norm(),
                 mlp: Mlp {
@@ -337,12 +359,19 @@ impl Llama {
     pub(crate) fn attention_from_parts(
         config: &LlamaConfig,
         [q_proj, k_proj, v_proj, o_proj]: [LoraLinear; 4],
+        qk_norms: Option<[RmsNorm; 2]>,
     ) -> Attention {
+        let (q_norm, k_norm) = match qk_norms {
+            Some([q, k]) => (Some(q), Some(k)),
+            None => (None, None),
+        };
         Attention {
             q_proj,
             k_proj,
             v_proj,
             o_proj,
+            q_norm,
+            k_norm,
             num_heads: config.num_attention_heads,
             num_kv_heads: config.num_key_value_heads,
             head_dim: config.head_dim,
@@ -641,8 +670,12 @@ fn project(
     let out = p.base.weight.dims()[1];
     let flat = x.reshape([b * s, d]);
     let weight = p.base.weight.val();
+    // The bias (Qwen2's q/k/v) joins after the fused product: `x·W + Δ + b`.
+    let with_bias = |y: Tensor<2>| match &p.base.bias {
+        Some(bias) => y + bias.val().unsqueeze_dim(0),
+        None => y,
+    };
     if let Some(adapter) = &p.adapter
-        && p.base.bias.is_none()
         && !weight.is_require_grad()
         && ops::applies(&flat.device(), flat.dtype())
     {
@@ -663,16 +696,15 @@ fn project(
             adapter.scale,
             dropout,
         );
-        return y.reshape([b, s, out]);
+        return with_bias(y).reshape([b, s, out]);
     }
     if p.adapter.is_none()
-        && p.base.bias.is_none()
         && !weight.is_require_grad()
         && ops::applies(&flat.device(), flat.dtype())
     {
         // A frozen projection on the CPU: the same GEMM (and instruction-set level) as the
         // adapted ones, so that a rank-0 or zero adapter changes no bit of the output.
-        return ops::fused_frozen_linear(flat, weight).reshape([b, s, out]);
+        return with_bias(ops::fused_frozen_linear(flat, weight)).reshape([b, s, out]);
     }
     p.forward(flat, seed).reshape([b, s, out])
 }

@@ -32,7 +32,7 @@ pub(crate) struct Packed {
 }
 
 impl Packed {
-    /// The blocks of every projection of a llama GGUF file stored as Q8_0/Q4_0/Q4_1, with the
+    /// The blocks of every projection of a GGUF file stored as Q8_0/Q4_0/Q4_1, with the
     /// queries' and keys' rows put back in Hugging Face order.
     pub fn from_gguf(file: &GgufFile, c: &LlamaConfig) -> Self {
         let get = |name: &str, heads: Option<usize>| -> Option<PackedMatrix> {
@@ -47,12 +47,14 @@ impl Packed {
                 None => Some(m),
             }
         };
+        // Only a Llama's converter interleaves the query/key rows (see `gguf`).
+        let permuted = |heads: usize| c.family.gguf_permutes_qk().then_some(heads);
         let layers = (0..c.num_hidden_layers)
             .map(|l| {
                 let n = |m: &str| format!("blk.{l}.{m}.weight");
                 [
-                    get(&n("attn_q"), Some(c.num_attention_heads)),
-                    get(&n("attn_k"), Some(c.num_key_value_heads)),
+                    get(&n("attn_q"), permuted(c.num_attention_heads)),
+                    get(&n("attn_k"), permuted(c.num_key_value_heads)),
                     get(&n("attn_v"), None),
                     get(&n("attn_output"), None),
                     get(&n("ffn_gate"), None),

@@ -44,16 +44,23 @@ pub fn expected_tensors(c: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
         let p = format!("model.layers.{l}");
         let mut push = |name: String, shape: Vec<usize>| out.push((name, shape));
         push(format!("{p}.input_layernorm.weight"), vec![d]);
-        for (proj, o, inp) in [
+        for ((proj, o, inp), bias) in [
             ("q_proj", q, d),
             ("k_proj", kv, d),
             ("v_proj", kv, d),
             ("o_proj", d, q),
-        ] {
+        ]
+        .into_iter()
+        .zip(c.attention_biases())
+        {
             push(format!("{p}.self_attn.{proj}.weight"), vec![o, inp]);
-            if c.attention_bias {
+            if bias {
                 push(format!("{p}.self_attn.{proj}.bias"), vec![o]);
             }
+        }
+        if c.qk_norm() {
+            push(format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim]);
+            push(format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim]);
         }
         push(format!("{p}.post_attention_layernorm.weight"), vec![d]);
         for (proj, o, inp) in [("gate_proj", i, d), ("up_proj", i, d), ("down_proj", d, i)] {
@@ -333,17 +340,25 @@ pub(crate) fn load(
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for l in 0..config.num_hidden_layers {
         let p = format!("model.layers.{l}");
-        let ab = config.attention_bias;
+        let [qb, kb, vb, ob] = config.attention_biases();
         let attn = [
-            linear(&format!("{p}.self_attn.q_proj"), ab)?,
-            linear(&format!("{p}.self_attn.k_proj"), ab)?,
-            linear(&format!("{p}.self_attn.v_proj"), ab)?,
-            linear(&format!("{p}.self_attn.o_proj"), ab)?,
+            linear(&format!("{p}.self_attn.q_proj"), qb)?,
+            linear(&format!("{p}.self_attn.k_proj"), kb)?,
+            linear(&format!("{p}.self_attn.v_proj"), vb)?,
+            linear(&format!("{p}.self_attn.o_proj"), ob)?,
         ];
+        let qk_norms = if config.qk_norm() {
+            Some([
+                norm(&format!("{p}.self_attn.q_norm"))?,
+                norm(&format!("{p}.self_attn.k_norm"))?,
+            ])
+        } else {
+            None
+        };
         let mb = config.mlp_bias;
         layers.push(DecoderLayer {
             input_layernorm: norm(&format!("{p}.input_layernorm"))?,
-            self_attn: Llama::attention_from_parts(&config, attn),
+            self_attn: Llama::attention_from_parts(&config, attn, qk_norms),
             post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm"))?,
             mlp: Mlp {
                 gate_proj: linear(&format!("{p}.mlp.gate_proj"), mb)?,
@@ -400,6 +415,14 @@ pub(crate) fn named_tensors(model: &Llama) -> Vec<(String, TensorData)> {
             ("o_proj", &a.o_proj),
         ] {
             linear(&mut put, &format!("{p}.self_attn.{n}"), &proj.base);
+        }
+        for (n, norm) in [("q_norm", &a.q_norm), ("k_norm", &a.k_norm)] {
+            if let Some(norm) = norm {
+                put(
+                    format!("{p}.self_attn.{n}.weight"),
+                    norm.gamma.val().into_data(),
+                );
+            }
         }
         put(
             format!("{p}.post_attention_layernorm.weight"),

@@ -2,11 +2,17 @@
 //! (`config.json`, `tokenizer.json`) or a llama.cpp `.gguf` file (the file, or a directory
 //! holding one), so that every command takes either.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kd_model::LlamaConfig;
 
 use crate::error::{PipelineError, Result};
+
+/// A model argument as a local path: itself when it exists, else a hub id (`org/name`)
+/// found in the local Hugging Face cache ([`kd_model::resolve_model_path`]).
+pub fn local_model(path: &Path) -> Result<PathBuf> {
+    Ok(kd_model::resolve_model_path(path)?)
+}
 
 /// Whether `path` is a local model: a Hugging Face directory with `config.json`, a `.gguf`
 /// file, or a directory holding one `.gguf` file.
@@ -30,8 +36,13 @@ pub fn model_config(flag: &str, path: &Path) -> Result<LlamaConfig> {
         Ok(Some(file)) => Ok(LlamaConfig::from_gguf(file)?),
         Ok(None) => Err(PipelineError::Config(format!(
             "--{flag} {}: not a model (no config.json there, and not a .gguf file); pass a \
-             local Hugging Face model directory or a llama.cpp .gguf file",
-            path.display()
+             local Hugging Face model directory, a llama.cpp .gguf file, or a hub id \
+             (org/name) downloaded into the Hugging Face cache ({})",
+            path.display(),
+            kd_model::hf_hub_cache().map_or_else(
+                || "HF_HUB_CACHE / HF_HOME unset and no home directory".to_string(),
+                |c| format!("searched {}", c.display())
+            )
         ))),
         Err(e) => Err(PipelineError::Config(format!("--{flag}: {e}"))),
     }

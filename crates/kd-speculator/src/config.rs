@@ -131,6 +131,10 @@ pub struct SpeculatorConfig {
     pub distill_target_layer: Option<usize>,
     /// Modules that get LoRA adapters.
     pub lora_target_modules: Vec<String>,
+    /// Variables for the chat templates of target and draft, as vLLM's and SGLang's
+    /// `chat_template_kwargs` (e.g. Qwen3's `{"enable_thinking": false}`); empty, each
+    /// template's own defaults apply, as in transformers.
+    pub chat_template_kwargs: std::collections::BTreeMap<String, serde_json::Value>,
     /// On-policy distillation (DistillSpec / GKD): the share λ of every step's rows that the
     /// draft completes itself, scored by the target and learned through the KD term (0 = off,
     /// 1 = only on-policy rows).
@@ -236,6 +240,7 @@ impl Default for SpeculatorConfig {
             ]
             .map(String::from)
             .to_vec(),
+            chat_template_kwargs: Default::default(),
             weight_decay: 0.01,
             max_grad_norm: 1.0,
             on_policy_ratio: 0.0,
@@ -249,6 +254,18 @@ impl Default for SpeculatorConfig {
 }
 
 impl SpeculatorConfig {
+    /// The same configuration with `target_model` and `draft_model` as local paths: a hub id
+    /// (`meta-llama/Llama-3.2-1B-Instruct`, as the seed's command lines name models) found in
+    /// the local Hugging Face cache becomes its snapshot directory
+    /// ([`kd_model::resolve_model_path`]); anything else is left as given.
+    pub fn with_local_models(&self) -> crate::error::Result<Self> {
+        Ok(Self {
+            target_model: kd_pipeline::models::local_model(&self.target_model)?,
+            draft_model: kd_pipeline::models::local_model(&self.draft_model)?,
+            ..self.clone()
+        })
+    }
+
     /// The KD objective: the one given, else `tv_distance` with on-policy rows and
     /// `forward_kl` without.
     pub fn kd_objective(&self) -> KdObjective {

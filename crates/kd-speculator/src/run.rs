@@ -70,6 +70,7 @@ pub fn run(
     let mut warnings = Warnings::default();
 
     observer.on_phase(Phase::Setup);
+    let config = &config.with_local_models()?;
     let setup = setup(config)?;
     for w in &setup.warnings {
         warnings.push(observer, w.clone());

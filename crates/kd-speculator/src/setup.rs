@@ -168,7 +168,8 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
     }
     check_output_dir(config)?;
     let draft_config = model_config("draft_model", &config.draft_model)?;
-    let draft_tokenizer = ChatTokenizer::from_dir(&config.draft_model)?;
+    let draft_tokenizer = ChatTokenizer::from_dir(&config.draft_model)?
+        .with_template_variables(&config.chat_template_kwargs)?;
     let target_local = is_model_dir(&config.target_model);
     let target_config = match (&config.teacher_url, target_local) {
         (None, _) => Some(model_config("target_model", &config.target_model)?),
@@ -185,7 +186,10 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
     };
     let target_tokenizer =
         if target_local && kd_pipeline::models::has_tokenizer(&config.target_model) {
-            Some(ChatTokenizer::from_dir(&config.target_model)?)
+            Some(
+                ChatTokenizer::from_dir(&config.target_model)?
+                    .with_template_variables(&config.chat_template_kwargs)?,
+            )
         } else {
             None
         };

@@ -39,7 +39,7 @@ pub(crate) fn generate_completions(
         CacheManifest {
             version: 1,
             teacher: teacher.teacher().fingerprint(),
-            template: template_hash(setup.tokenizer.template().map(|t| t.source())),
+            template: template_hash(setup.tokenizer.template().map(|t| t.identity()).as_deref()),
             sampling: generation_params(config),
             prompts: prompts_hash(&prompts),
             count: prompts.len(),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use kd_data::{ChatTokenizer, OpenAiBatchSource, Sampling};
 use kd_eval::{AcceptanceReport, EvalOptions, EvalPhase, evaluate};
 use kd_model::{Llama, LlamaConfig, SaveDType, parse_device};
+use kd_pipeline::models::local_model;
 use kd_teacher::{LocalTeacher, ServeConfig, ServerHandle, model_fingerprint, spawn_server};
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +34,8 @@ pub struct EvalConfig {
     pub device: String,
     /// Speculative decoding settings.
     pub options: EvalOptions,
+    /// Chat template variables (`--chat_template_kwargs`), as in training.
+    pub chat_template_kwargs: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Default for EvalConfig {
@@ -46,6 +49,7 @@ impl Default for EvalConfig {
             max_samples: Some(200),
             device: "cpu".into(),
             options: eval_options(&spec),
+            chat_template_kwargs: spec.chat_template_kwargs,
         }
     }
 }
@@ -57,10 +61,17 @@ pub fn eval(
     mut progress: impl FnMut(EvalPhase, usize, usize),
 ) -> Result<AcceptanceReport> {
     let device = parse_device(&config.device)?;
+    let config = &EvalConfig {
+        target_model: local_model(&config.target_model)?,
+        draft_model: local_model(&config.draft_model)?,
+        ..config.clone()
+    };
     let tc = kd_pipeline::models::model_config("target_model", &config.target_model)?;
     let dc = kd_pipeline::models::model_config("draft_model", &config.draft_model)?;
-    let target_tok = ChatTokenizer::from_dir(&config.target_model)?;
-    let draft_tok = ChatTokenizer::from_dir(&config.draft_model)?;
+    let target_tok = ChatTokenizer::from_dir(&config.target_model)?
+        .with_template_variables(&config.chat_template_kwargs)?;
+    let draft_tok = ChatTokenizer::from_dir(&config.draft_model)?
+        .with_template_variables(&config.chat_template_kwargs)?;
     check_vocabularies(Some((&tc, Some(&target_tok))), (&dc, &draft_tok))?;
     let source = OpenAiBatchSource::from_data_dir(&config.data_dir)?;
     let records = Sampling {
@@ -108,10 +119,10 @@ pub fn adapter_base(adapter: &Path) -> Result<PathBuf> {
 /// safetensors, tokenizer files) that SGLang (`--speculative-draft-model-path`), vLLM and
 /// transformers load. `base` defaults to the adapter's `base_model_name_or_path`.
 pub fn merge(adapter: &Path, base: Option<&Path>, out: &Path, dtype: SaveDType) -> Result<()> {
-    let base = match base {
+    let base = local_model(&match base {
         Some(b) => b.to_path_buf(),
         None => adapter_base(adapter)?,
-    };
+    })?;
     if !is_model_dir(&base) {
         return Err(PipelineError::Config(format!(
             "base model {}: not a model (no config.json, and not a .gguf file); pass it with \
@@ -161,6 +172,7 @@ impl KeepLayers {
 /// final norm and LM head; writes a Hugging Face directory (with the tokenizer files) in
 /// the model's stored dtype. Returns the layers kept.
 pub fn derive_draft(from: &Path, keep: &KeepLayers, out: &Path) -> Result<Vec<usize>> {
+    let from = &local_model(from)?;
     if !is_model_dir(from) {
         return Err(PipelineError::Config(format!(
             "--from {}: not a model (no config.json, and not a .gguf file)",
@@ -218,14 +230,11 @@ pub fn serve_teacher(config: &ServeTeacherConfig) -> Result<ServerHandle> {
         server.api_key = Some(kd_teacher::api_key_from_env(name)?);
     }
     let device = parse_device(&config.device)?;
-    let model = Llama::load_for_inference(&config.target_model, &device)?;
-    let mut teacher = LocalTeacher::new(
-        model,
-        config.batch_size,
-        model_fingerprint(&config.target_model)?,
-    );
-    if kd_pipeline::models::has_tokenizer(&config.target_model) {
-        teacher = teacher.with_tokenizer(ChatTokenizer::from_dir(&config.target_model)?);
+    let target = local_model(&config.target_model)?;
+    let model = Llama::load_for_inference(&target, &device)?;
+    let mut teacher = LocalTeacher::new(model, config.batch_size, model_fingerprint(&target)?);
+    if kd_pipeline::models::has_tokenizer(&target) {
+        teacher = teacher.with_tokenizer(ChatTokenizer::from_dir(&target)?);
     }
     Ok(spawn_server(teacher, &config.listen, server)?)
 }
@@ -252,6 +261,7 @@ fn params(c: &LlamaConfig) -> String {
 /// The dry run: checks everything a run checks before loading weights and describes the
 /// run (sizes, steps, where files go).
 pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
+    let config = &config.with_local_models()?;
     let s = setup(config)?;
     let mut items = Vec::new();
     let mut put = |k: &str, v: String| items.push((k.to_string(), v));

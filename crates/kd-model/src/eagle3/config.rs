@@ -38,7 +38,7 @@ impl Eagle3Config {
     /// The draft SpecForge builds for a target: the target's width, heads, MLP width, RoPE and
     /// norm, one layer, and a draft vocabulary of `draft_vocab_size` tokens.
     pub fn for_target(target: &LlamaConfig, draft_vocab_size: usize) -> Result<Self> {
-        let mut llama = target.clone();
+        let mut llama = target.clone().into_llama_layout();
         llama.num_hidden_layers = 1;
         llama.tie_word_embeddings = false;
         llama.attention_bias = false;

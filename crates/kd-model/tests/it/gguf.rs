@@ -152,13 +152,14 @@ fn bad_gguf_files_are_errors_naming_what_is_wrong() {
     let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4 + 8;
     let mut other = bytes.clone();
     assert_eq!(&other[at..at + 5], b"llama");
-    other[at..at + 5].copy_from_slice(b"qwen2");
+    other[at..at + 5].copy_from_slice(b"gemma");
     std::fs::write(&path, &other).unwrap();
     let e = Llama::load(&path, &cpu()).unwrap_err();
     assert!(matches!(e, ModelError::Config { .. }), "{e:?}");
     let e = e.to_string();
     assert!(
-        e.contains("`general.architecture`: unsupported architecture `qwen2`"),
+        e.contains("`general.architecture`: unsupported architecture `gemma`")
+            && e.contains(r#"supported are "llama", "qwen2", "qwen3""#),
         "{e}"
     );
 
