@@ -9,11 +9,24 @@ use crate::fixtures;
 
 #[test]
 fn chat_templates_match_transformers() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("golden/chat-templates.json")).unwrap(),
-    )
-    .unwrap();
-    let dir = fixtures().join("llama3-tokenizer");
+    // fixtures/make_chat_template_golden.py: Llama 3.x and other templates, Llama 3.1 tokenizer.
+    check_golden("golden/chat-templates.json", "llama3-tokenizer", 6);
+}
+
+#[test]
+fn qwen_chat_templates_match_transformers() {
+    // fixtures/make_qwen_chat_template_golden.py: Qwen2.5-Instruct's and Qwen3's own templates
+    // (Qwen3's `enable_thinking` true, false and absent; tools), Qwen3's tokenizer.
+    check_golden("golden/qwen-chat-templates.json", "qwen2-tokenizer", 4);
+}
+
+/// Renders every case of a golden file (`golden`, relative to fixtures/) with its template and
+/// the tokenizer directory's special tokens, and compares text and ids; `want_errors` is the
+/// number of cases the golden file expects to be refused.
+fn check_golden(golden: &str, tokenizer: &str, want_errors: usize) {
+    let golden: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join(golden)).unwrap()).unwrap();
+    let dir = fixtures().join(tokenizer);
     let config: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap())
             .unwrap();
@@ -79,7 +92,7 @@ fn chat_templates_match_transformers() {
         .iter()
         .filter(|c| c.get("error").and_then(Value::as_bool) == Some(true))
         .count();
-    assert_eq!(golden_errors, 6, "the golden file's error cases");
+    assert_eq!(golden_errors, want_errors, "the golden file's error cases");
     assert!(
         ok >= 100 && errors == golden_errors,
         "{ok} rendered, {errors} errors"
@@ -113,4 +126,53 @@ fn tokenizer_dir_template_gives_apply_chat_template_ids() {
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
     assert_eq!(ids, want);
+}
+
+#[test]
+fn template_variables_reach_the_template() {
+    // Qwen3's own template (its tokenizer_config.json) with `enable_thinking: false` set once
+    // on the tokenizer gives the golden case rendered with that variable; unset, the template's
+    // default (thinking on) gives the case rendered without it.
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("golden/qwen-chat-templates.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = golden["cases"].as_array().unwrap();
+    let find = |extra: Value| {
+        cases
+            .iter()
+            .find(|c| {
+                c["template"] == "Qwen-Qwen3-0.6B"
+                    && c["add_generation_prompt"] == true
+                    && c["name"] == "system_user"
+                    && c["extra"] == extra
+            })
+            .unwrap_or_else(|| panic!("a system_user case with extra {extra}"))
+    };
+    let ids = |case: &Value| -> Vec<u32> {
+        case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let off = find(serde_json::json!({"enable_thinking": false}));
+    let default = find(serde_json::json!({}));
+    assert_ne!(ids(off), ids(default), "the flag changes the prompt");
+    let messages: Vec<kd_data::Message> = serde_json::from_value(off["messages"].clone()).unwrap();
+    let tok = ChatTokenizer::from_dir(fixtures().join("qwen2-tokenizer")).unwrap();
+    assert_eq!(tok.encode_prompt(&messages).unwrap(), ids(default));
+    let source = tok.template().unwrap().identity();
+    let vars = BTreeMap::from([("enable_thinking".to_string(), Value::Bool(false))]);
+    let tok = tok.with_template_variables(&vars).unwrap();
+    assert_eq!(tok.encode_prompt(&messages).unwrap(), ids(off));
+    assert_ne!(
+        tok.template().unwrap().identity(),
+        source,
+        "cache keys see the variable"
+    );
+    let bad = BTreeMap::from([("messages".to_string(), Value::Null)]);
+    let e = tok.with_template_variables(&bad).unwrap_err().to_string();
+    assert!(e.contains("`messages`"), "{e}");
 }
