@@ -30,6 +30,11 @@ fn loss(model: &Llama, name: &str) -> Tensor<1> {
     (logp.gather(2, targets) * weights).sum().neg() / count
 }
 
+fn grad1(p: &Param<Tensor<1>>, grads: &burn::tensor::Gradients) -> Vec<f32> {
+    let g = p.val().grad(grads).expect("parameter has a gradient");
+    g.into_data().try_into_vec_as::<f32>().unwrap()
+}
+
 fn grad(p: &Param<Tensor<2>>, grads: &burn::tensor::Gradients, transpose: bool) -> Vec<f32> {
     let g = p.val().grad(grads).expect("parameter has a gradient");
     let g = if transpose { g.transpose() } else { g };
@@ -52,7 +57,7 @@ fn check(name: &str, what: &str, ours: &[f32], theirs: &[f32]) {
 
 #[test]
 fn gradients_match_pytorch() {
-    for name in ["tiny-llama3", "tiny-tied"] {
+    for name in ["tiny-llama3", "tiny-tied", "tiny-qwen2", "tiny-qwen3"] {
         let g = golden(name);
         let model = load(name).train();
         let loss = loss(&model, name);
@@ -101,6 +106,25 @@ fn gradients_match_pytorch() {
             &norm.into_data().try_into_vec_as::<f32>().unwrap(),
             &g["grad.model.layers.0.input_layernorm.weight"].f32,
         );
+        // Qwen2's q/k biases and Qwen3's per-head q/k norms, where the golden has them.
+        for (what, bias) in [
+            ("q_proj.bias", &l0.self_attn.q_proj.base.bias),
+            ("k_proj.bias", &l0.self_attn.k_proj.base.bias),
+        ] {
+            if let Some(want) = g.get(&format!("grad.model.layers.0.self_attn.{what}")) {
+                let bias = bias.as_ref().expect("a Qwen2 q/k projection has a bias");
+                check(name, what, &grad1(bias, &grads), &want.f32);
+            }
+        }
+        for (what, norm) in [
+            ("q_norm.weight", &l0.self_attn.q_norm),
+            ("k_norm.weight", &l0.self_attn.k_norm),
+        ] {
+            if let Some(want) = g.get(&format!("grad.model.layers.0.self_attn.{what}")) {
+                let norm = norm.as_ref().expect("a Qwen3 layer has q/k norms");
+                check(name, what, &grad1(&norm.gamma, &grads), &want.f32);
+            }
+        }
         if let Some(head) = &model.lm_head {
             check(
                 name,

@@ -56,7 +56,13 @@ fn prompts(g: &std::collections::HashMap<String, Golden>) -> Vec<Vec<u32>> {
 
 #[test]
 fn batched_greedy_equals_transformers_generate() {
-    for name in ["tiny-llama3", "tiny-tied", "tiny-sharded"] {
+    for name in [
+        "tiny-llama3",
+        "tiny-tied",
+        "tiny-sharded",
+        "tiny-qwen2",
+        "tiny-qwen3",
+    ] {
         let g = golden(name);
         let model = load(name);
         let rows = prompts(&g);

@@ -1,5 +1,5 @@
 //! Integration tests of kd-model against numbers computed by transformers
-//! (fixtures/make_tiny_llamas.py, fixtures/make_tokenizer_golden.py).
+//! (fixtures/make_tiny_llamas.py, fixtures/make_tiny_qwens.py, fixtures/make_tokenizer_golden.py).
 
 mod util;
 
@@ -11,5 +11,6 @@ mod levels;
 mod lora;
 mod ops;
 mod parity;
+mod qwen;
 mod tokenizer;
 mod weights;

@@ -5,7 +5,15 @@ use kd_model::{ComputeDType, ForwardOptions, HiddenStates, Llama};
 
 use crate::util::*;
 
-const MODELS: [&str; 3] = ["tiny-llama3", "tiny-tied", "tiny-sharded"];
+/// The Llama models of fixtures/make_tiny_llamas.py and the Qwen2 / Qwen3 ones of
+/// fixtures/make_tiny_qwens.py.
+const MODELS: [&str; 5] = [
+    "tiny-llama3",
+    "tiny-tied",
+    "tiny-sharded",
+    "tiny-qwen2",
+    "tiny-qwen3",
+];
 const BATCHES: [&str; 3] = ["right", "left", "offset"];
 
 #[test]
@@ -93,7 +101,8 @@ fn chosen_hidden_states_and_no_logits() {
 
 #[test]
 fn bf16_checkpoints() {
-    for name in ["tiny-llama3", "tiny-tied"] {
+    // tiny-qwen2-bf16 is sharded, tiny-qwen3-bf16 tied with q/k norms.
+    for name in ["tiny-llama3", "tiny-tied", "tiny-qwen2", "tiny-qwen3"] {
         let g = golden(name);
         let reference = Reference::load(name);
         let dir = model_dir(&format!("{name}-bf16"));

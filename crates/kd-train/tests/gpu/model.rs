@@ -61,9 +61,16 @@ fn unmasked(v: &[f32], mask: &[bool], width: usize) -> Vec<f32> {
         .collect()
 }
 
-/// f32 logits on padded batches equal the CPU's and transformers' (≤ 1e-4).
+/// f32 logits on padded batches equal the CPU's and transformers' (≤ 1e-4), the Qwen2 (q/k/v
+/// biases) and Qwen3 (per-head q/k norms) models included.
 pub fn forward_matches_cpu_and_transformers(gpu: &Device) {
-    for name in ["tiny-llama3", "tiny-tied", "tiny-sharded"] {
+    for name in [
+        "tiny-llama3",
+        "tiny-tied",
+        "tiny-sharded",
+        "tiny-qwen2",
+        "tiny-qwen3",
+    ] {
         let g = golden(name);
         let (on_gpu, on_cpu) = (load(name, gpu), load(name, &cpu()));
         let vocab = on_gpu.config().vocab_size;
