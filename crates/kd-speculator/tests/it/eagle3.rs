@@ -45,9 +45,33 @@ impl TrainObserver for Losses {
 
 #[test]
 fn ttt_training_lowers_the_loss_and_checkpoints_reload() {
+    train_and_decode("demo/target", 20, 0.5);
+}
+
+#[test]
+fn a_qwen_target_gets_a_llama_shaped_draft() {
+    // tiny-qwen2 (q/k/v biases, θ 1e6): the draft layer stays Llama-shaped, as SpecForge's
+    // does; its features come from the Qwen layers.
+    let target = Llama::load(
+        fixtures().join("tiny-models/tiny-qwen2"),
+        &parse_device("cpu").unwrap(),
+    )
+    .unwrap();
+    let config = Eagle3Config::for_target(target.config(), 64).unwrap();
+    assert_eq!(config.llama.family, kd_model::ModelFamily::Llama);
+    assert_eq!(config.llama.hidden_size, target.config().hidden_size);
+    assert_eq!(config.llama.attention_biases(), [false; 4]);
+    // A random target's distributions are hard to learn: measured 2.15 → 1.89 in 10 epochs.
+    train_and_decode("tiny-models/tiny-qwen2", 10, 0.95);
+}
+
+/// Trains an EAGLE-3 draft for the target under fixtures/ for `epochs` epochs: the TTT loss
+/// falls below `ratio` of its first value, the checkpoint reloads bit for bit, and greedy
+/// speculative decoding returns the target's own greedy tokens.
+fn train_and_decode(target_dir: &str, epochs: usize, ratio: f64) {
     let device = parse_device("cpu").unwrap();
     device.seed(7);
-    let target = Llama::load(fixtures().join("demo/target"), &device).unwrap();
+    let target = Llama::load(fixtures().join(target_dir), &device).unwrap();
     let tc = target.config().clone();
     let examples = examples(tc.vocab_size as u32);
     let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 64).unwrap();
@@ -64,7 +88,7 @@ fn ttt_training_lowers_the_loss_and_checkpoints_reload() {
     let train = TrainConfig {
         output_dir: out.path().to_path_buf(),
         mode: TrainMode::Full,
-        num_epochs: 20,
+        num_epochs: epochs,
         learning_rate: 3e-3,
         train_batch_size: 8,
         logging_steps: 1,
@@ -77,16 +101,16 @@ fn ttt_training_lowers_the_loss_and_checkpoints_reload() {
         .run(Eagle3Model { draft }, &examples)
         .unwrap();
     let losses = losses.0;
-    assert!(losses.len() >= 10, "{losses:?}");
+    assert!(losses.len() >= epochs / 2, "{losses:?}");
     let first = losses[0];
     let last = *losses.last().unwrap();
     eprintln!(
-        "TTT loss {first:.4} → {last:.4} over {} steps",
+        "{target_dir}: TTT loss {first:.4} → {last:.4} over {} steps",
         summary.global_step
     );
     assert!(
-        last < 0.5 * first,
-        "the loss did not fall: {first} → {last}"
+        last < ratio * first,
+        "{target_dir}: the loss did not fall below {ratio} of its first value: {first} → {last}"
     );
 
     // The last checkpoint is a SpecForge draft directory: config + weights + d2t/t2d.
