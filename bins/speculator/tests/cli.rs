@@ -295,3 +295,100 @@ fn sigterm_stops_cleanly_and_the_run_continues_exactly() {
     assert!(t.contains("shards; they are kept in"), "{t}");
     assert!(first.is_file());
 }
+
+/// The seed's way of naming models, hub ids, on the Qwen2 pair of fixtures/demo-qwen found in
+/// a Hugging Face cache (`HF_HUB_CACHE`, offline): the run trains and measures, speculative
+/// decoding reproduces the target's greedy output, and the adapters name the hub id as their
+/// base, as PEFT would.
+#[test]
+fn hub_ids_name_a_qwen_pair_in_the_hf_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("hub");
+    let pair = demo().join("../demo-qwen");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    for (id, src) in [
+        ("demo-qwen-teacher", "teacher"),
+        ("demo-qwen-student", "student"),
+    ] {
+        let repo = cache.join(format!("models--tiny-org--{id}"));
+        let snapshot = repo.join("snapshots").join(commit);
+        std::fs::create_dir_all(&snapshot).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), commit).unwrap();
+        for e in std::fs::read_dir(pair.join(src)).unwrap().flatten() {
+            std::fs::copy(e.path(), snapshot.join(e.file_name())).unwrap();
+        }
+    }
+    let out = dir.path().join("run");
+    let data = demo().join("data");
+    let o = Command::new(env!("CARGO_BIN_EXE_speculator"))
+        .env("HF_HUB_CACHE", &cache)
+        .env("HF_HUB_OFFLINE", "1")
+        .args([
+            "--target_model",
+            "tiny-org/demo-qwen-teacher",
+            "--draft_model",
+            "tiny-org/demo-qwen-student",
+            "--data_dir",
+            data.to_str().unwrap(),
+            "--output_dir",
+            out.to_str().unwrap(),
+            "--max_samples",
+            "40",
+            "--num_epochs",
+            "1",
+            "--lora_r",
+            "4",
+            "--lora_alpha",
+            "8",
+            "--max_new_tokens",
+            "16",
+            "--eval_max_new_tokens",
+            "16",
+            "--eval_fraction",
+            "0.2",
+            "--chat_template_kwargs",
+            r#"{"enable_thinking": false}"#,
+        ])
+        .output()
+        .expect("the binary runs");
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("acceptance.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        report["after"]["greedy_identical_rows"].as_u64(),
+        Some(8),
+        "{report}"
+    );
+    let adapter: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("checkpoint-epoch-0/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        adapter["base_model_name_or_path"],
+        "tiny-org/demo-qwen-student"
+    );
+    // An id the cache does not hold is the loader's "not a model" error, naming the cache.
+    let o = Command::new(env!("CARGO_BIN_EXE_speculator"))
+        .env("HF_HUB_CACHE", &cache)
+        .args([
+            "--target_model",
+            "tiny-org/absent",
+            "--draft_model",
+            "tiny-org/demo-qwen-student",
+            "--data_dir",
+            data.to_str().unwrap(),
+            "--output_dir",
+            dir.path().join("other").to_str().unwrap(),
+            "--dry_run",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("tiny-org/absent") && text(&o).contains(cache.to_str().unwrap()),
+        "{}",
+        text(&o)
+    );
+}

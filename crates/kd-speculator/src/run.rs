@@ -70,6 +70,9 @@ pub fn run(
     let mut warnings = Warnings::default();
 
     observer.on_phase(Phase::Setup);
+    // The draft as the user named it: a hub id stays the adapters' `base_model_name_or_path`
+    // (as PEFT records it), not the snapshot directory it resolves to here.
+    let base_model = config.draft_model.display().to_string();
     let config = &config.with_local_models()?;
     let setup = setup(config)?;
     for w in &setup.warnings {
@@ -113,6 +116,7 @@ pub fn run(
     observer.on_phase(Phase::Train);
     let trained = train_draft(TrainInputs {
         config,
+        base_model,
         draft,
         projection,
         draft_base: &draft_base,
@@ -378,6 +382,8 @@ impl<'a> Acceptance<'a> {
 /// What the training phase needs.
 struct TrainInputs<'a, 'o> {
     config: &'a SpeculatorConfig,
+    /// `base_model_name_or_path` of the adapters.
+    base_model: String,
     draft: Llama,
     projection: Option<HiddenProjection>,
     draft_base: &'a Llama,
@@ -403,6 +409,7 @@ struct TrainedDraft {
 fn train_draft(inputs: TrainInputs<'_, '_>) -> Result<TrainedDraft> {
     let TrainInputs {
         config,
+        base_model,
         draft,
         projection,
         draft_base,
@@ -413,7 +420,7 @@ fn train_draft(inputs: TrainInputs<'_, '_>) -> Result<TrainedDraft> {
         observer,
     } = inputs;
     let files = ModelFiles {
-        base_model: config.draft_model.display().to_string(),
+        base_model,
         tokenizer_dir: Some(config.draft_model.clone()),
     };
     let loss = SpeculatorLoss {

@@ -422,3 +422,66 @@ fn bad_inputs_are_named() {
     let e = error_of(&c);
     assert!(e.contains("`qwen3`") && e.contains("`native`"), "{e}");
 }
+
+/// ROLL's own `distill_megatron.yaml` (Qwen2.5 teacher → student, `template: qwen2_5`) with
+/// only the model paths and the data keys overridden, on the tiny Qwen2 pair of
+/// `fixtures/demo-qwen/` (a ChatML tokenizer, q/k/v biases): the run trains, validates and
+/// writes a Qwen2 checkpoint, and its prompts are the ids transformers'
+/// `apply_chat_template` gives with the model's own Qwen2.5 template.
+#[test]
+fn rolls_yaml_runs_on_a_qwen2_pair() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = fixtures().join("demo-qwen");
+    let d = fixtures().join("demo/corpus");
+    let o = vec![
+        format!("student_pretrain={}", q.join("student").display()),
+        format!("teacher_pretrain={}", q.join("teacher").display()),
+        format!("output_dir={}", dir.path().display()),
+        format!("logging_dir={}", dir.path().join("logs").display()),
+        format!(
+            "student.data_args.file_name=[{}]",
+            d.join("qa_train.jsonl").display()
+        ),
+        format!(
+            "validation.data_args.file_name=[{}]",
+            d.join("qa_val.jsonl").display()
+        ),
+        "question_key=question".into(),
+        "answer_key=answer".into(),
+        "+student.data_args.max_samples=64".into(),
+        "max_steps=3".into(),
+        "eval_steps=3".into(),
+        "save_steps=3".into(),
+    ];
+    let roll = load(
+        Some(&repo().join("examples/distill/distill_megatron.yaml")),
+        &o,
+    )
+    .unwrap();
+    let s = run_quiet(&roll.config);
+    assert_eq!(s.train.global_step, 3);
+    assert_eq!(s.validations.len(), 2);
+    for v in &s.validations {
+        assert!(
+            v.val_loss.is_finite() && v.kd_loss.is_finite() && v.tokens > 0,
+            "{v:?}"
+        );
+    }
+    let ckpt = dir.path().join("checkpoint-3");
+    let saved = kd_model::LlamaConfig::from_file(ckpt.join("config.json")).unwrap();
+    assert_eq!(saved.family, kd_model::ModelFamily::Qwen2);
+    assert_eq!(saved.attention_biases(), [true, true, true, false]);
+
+    // `template: qwen2_5` is the model's own ChatML (fixtures/demo-qwen/golden.json).
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(q.join("golden.json")).unwrap()).unwrap();
+    let tok = kd_distill::chat_tokenizer(&q.join("student"), Some("qwen2_5")).unwrap();
+    let cases = golden["examples"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let messages: Vec<kd_data::Message> =
+            serde_json::from_value(case["messages"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        assert_eq!(tok.encode_prompt(&messages).unwrap(), want);
+    }
+}

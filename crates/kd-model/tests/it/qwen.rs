@@ -329,3 +329,32 @@ fn hub_ids_resolve_in_a_cache_laid_out_by_huggingface_hub() {
         "{e}"
     );
 }
+
+#[test]
+fn the_demo_qwen_teacher_decodes_as_transformers_does() {
+    // fixtures/demo-qwen (make_demo_qwen.py): a trained bf16 Qwen2 with a ChatML tokenizer;
+    // transformers' greedy tokens from its golden.json, stopping at <|im_end|> (1023).
+    let dir = fixtures().join("demo-qwen");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let teacher = Llama::load(dir.join("teacher"), &cpu()).unwrap();
+    assert_eq!(teacher.config().family, ModelFamily::Qwen2);
+    let results = golden["teacher_greedy"]["results"].as_array().unwrap();
+    assert!(!results.is_empty());
+    for r in results {
+        let prompt: Vec<u32> = serde_json::from_value(r["prompt_ids"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(r["new_tokens"].clone()).unwrap();
+        let mut options = GenerateOptions::greedy(8);
+        options.stop_token_ids = vec![1023];
+        let out = teacher
+            .generate(
+                &[SeededPrompt {
+                    ids: &prompt,
+                    seed: 0,
+                }],
+                &options,
+            )
+            .unwrap();
+        assert_eq!(out[0].ids, want, "{}", r["text"]);
+    }
+}
