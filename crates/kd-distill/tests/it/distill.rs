@@ -44,6 +44,30 @@ fn demo(out: &Path, extra: &[String]) -> LoadedConfig {
     load(Some(&repo().join("examples/distill/demo.yaml")), &o).unwrap()
 }
 
+/// Overrides that point a ROLL configuration at a student, a teacher, the demo corpus and an
+/// output directory, and run it for 3 steps (validation and a checkpoint at step 3).
+fn three_steps_of(student: &Path, teacher: &Path, out: &Path) -> Vec<String> {
+    let corpus = fixtures().join("demo/corpus");
+    vec![
+        format!("student_pretrain={}", student.display()),
+        format!("teacher_pretrain={}", teacher.display()),
+        format!("output_dir={}", out.display()),
+        format!("logging_dir={}", out.join("logs").display()),
+        format!(
+            "student.data_args.file_name=[{}]",
+            corpus.join("qa_train.jsonl").display()
+        ),
+        format!(
+            "validation.data_args.file_name=[{}]",
+            corpus.join("qa_val.jsonl").display()
+        ),
+        "+student.data_args.max_samples=64".into(),
+        "max_steps=3".into(),
+        "eval_steps=3".into(),
+        "save_steps=3".into(),
+    ]
+}
+
 fn run_quiet(config: &DistillConfig) -> kd_distill::DistillSummary {
     run(config, &mut QuietDistill).unwrap()
 }
@@ -252,24 +276,7 @@ fn rolls_example_yaml_parses_and_its_fixture_twin_runs() {
     // The same keys with the paths pointed at the fixtures, run for a few steps.
     let dir = tempfile::tempdir().unwrap();
     let d = fixtures().join("demo");
-    let o = vec![
-        format!("student_pretrain={}", d.join("draft").display()),
-        format!("teacher_pretrain={}", d.join("target").display()),
-        format!("output_dir={}", dir.path().display()),
-        format!("logging_dir={}", dir.path().join("logs").display()),
-        format!(
-            "student.data_args.file_name=[{}]",
-            d.join("corpus/qa_train.jsonl").display()
-        ),
-        format!(
-            "validation.data_args.file_name=[{}]",
-            d.join("corpus/qa_val.jsonl").display()
-        ),
-        "+student.data_args.max_samples=64".into(),
-        "max_steps=3".into(),
-        "eval_steps=3".into(),
-        "save_steps=3".into(),
-    ];
+    let o = three_steps_of(&d.join("draft"), &d.join("target"), dir.path());
     let twin = load(
         Some(&repo().join("examples/distill/distill_megatron_fixtures.yaml")),
         &o,
@@ -432,27 +439,9 @@ fn bad_inputs_are_named() {
 fn rolls_yaml_runs_on_a_qwen2_pair() {
     let dir = tempfile::tempdir().unwrap();
     let q = fixtures().join("demo-qwen");
-    let d = fixtures().join("demo/corpus");
-    let o = vec![
-        format!("student_pretrain={}", q.join("student").display()),
-        format!("teacher_pretrain={}", q.join("teacher").display()),
-        format!("output_dir={}", dir.path().display()),
-        format!("logging_dir={}", dir.path().join("logs").display()),
-        format!(
-            "student.data_args.file_name=[{}]",
-            d.join("qa_train.jsonl").display()
-        ),
-        format!(
-            "validation.data_args.file_name=[{}]",
-            d.join("qa_val.jsonl").display()
-        ),
-        "question_key=question".into(),
-        "answer_key=answer".into(),
-        "+student.data_args.max_samples=64".into(),
-        "max_steps=3".into(),
-        "eval_steps=3".into(),
-        "save_steps=3".into(),
-    ];
+    let mut o = three_steps_of(&q.join("student"), &q.join("teacher"), dir.path());
+    // ROLL's file reads `question_zh` / `answer_zh`; the demo corpus has English keys.
+    o.extend(["question_key=question".into(), "answer_key=answer".into()]);
     let roll = load(
         Some(&repo().join("examples/distill/distill_megatron.yaml")),
         &o,
