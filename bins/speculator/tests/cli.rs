@@ -369,6 +369,29 @@ fn hub_ids_name_a_qwen_pair_in_the_hf_cache() {
         adapter["base_model_name_or_path"],
         "tiny-org/demo-qwen-student"
     );
+    // The dry run says where each id was found and what family the model is.
+    let o = Command::new(env!("CARGO_BIN_EXE_speculator"))
+        .env("HF_HUB_CACHE", &cache)
+        .args([
+            "--target_model",
+            "tiny-org/demo-qwen-teacher",
+            "--draft_model",
+            "tiny-org/demo-qwen-student",
+            "--data_dir",
+            data.to_str().unwrap(),
+            "--output_dir",
+            dir.path().join("planned").to_str().unwrap(),
+            "--dry_run",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let plan = text(&o);
+    assert!(
+        plan.contains("tiny-org/demo-qwen-teacher found in the Hugging Face cache")
+            && plan.contains(": qwen2, 2 layers"),
+        "{plan}"
+    );
     // An id the cache does not hold is the loader's "not a model" error, naming the cache.
     let o = Command::new(env!("CARGO_BIN_EXE_speculator"))
         .env("HF_HUB_CACHE", &cache)

@@ -250,7 +250,8 @@ pub struct Plan {
 
 fn params(c: &LlamaConfig) -> String {
     format!(
-        "{} layers, hidden {}, vocab {}, {:.1}M parameters",
+        "{}, {} layers, hidden {}, vocab {}, {:.1}M parameters",
+        c.family,
         c.num_hidden_layers,
         c.hidden_size,
         c.vocab_size,
@@ -261,10 +262,27 @@ fn params(c: &LlamaConfig) -> String {
 /// The dry run: checks everything a run checks before loading weights and describes the
 /// run (sizes, steps, where files go).
 pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
+    let given = config;
     let config = &config.with_local_models()?;
     let s = setup(config)?;
     let mut items = Vec::new();
     let mut put = |k: &str, v: String| items.push((k.to_string(), v));
+    // Hub ids found in the Hugging Face cache: where they were found.
+    for (what, id, path) in [
+        ("target", &given.target_model, &config.target_model),
+        ("draft", &given.draft_model, &config.draft_model),
+    ] {
+        if id != path {
+            put(
+                &format!("{what} id"),
+                format!(
+                    "{} found in the Hugging Face cache: {}",
+                    id.display(),
+                    path.display()
+                ),
+            );
+        }
+    }
     put(
         "target",
         match (&config.teacher_url, &s.target_config) {
