@@ -392,9 +392,11 @@ fn hub_ids_name_a_qwen_pair_in_the_hf_cache() {
             && plan.contains(": qwen2, 2 layers"),
         "{plan}"
     );
-    // An id the cache does not hold is the loader's "not a model" error, naming the cache.
+    // Offline, an id the cache does not hold is the loader's "not a model" error, naming the
+    // cache.
     let o = Command::new(env!("CARGO_BIN_EXE_speculator"))
         .env("HF_HUB_CACHE", &cache)
+        .env("HF_HUB_OFFLINE", "1")
         .args([
             "--target_model",
             "tiny-org/absent",

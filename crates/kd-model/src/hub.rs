@@ -25,9 +25,10 @@ pub fn hf_hub_cache() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")))
 }
 
-/// `org/name` or `org/name@revision` (a branch, tag or commit), as the hub spells ids; `None`
-/// for anything else (absolute paths, `./x`, more than one slash, …).
-fn parse_hub_id(spec: &str) -> Option<(&str, &str, &str)> {
+/// `org/name` or `org/name@revision` (a branch, tag or commit; default `main`) as
+/// `(org, name, revision)`, as the hub spells ids; `None` for anything else (absolute paths,
+/// `./x`, more than one slash, …).
+pub fn parse_hub_id(spec: &str) -> Option<(&str, &str, &str)> {
     let (id, revision) = match spec.split_once('@') {
         Some((id, rev)) if !rev.is_empty() => (id, rev),
         Some(_) => return None,

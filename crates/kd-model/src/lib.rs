@@ -69,7 +69,7 @@ pub use error::{ModelError, Result};
 pub use family::ModelFamily;
 pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
 pub use gguf::unpermute_rows;
-pub use hub::{hf_hub_cache, resolve_model_path, resolve_model_path_in};
+pub use hub::{hf_hub_cache, parse_hub_id, resolve_model_path, resolve_model_path_in};
 pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};
 pub use lora::{ParameterReport, TOKENIZER_FILES, copy_tokenizer_files};
 pub use model::{Attention, DecoderLayer, Llama, LmHead, Mlp, ModelOutput};

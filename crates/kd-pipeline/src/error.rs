@@ -10,6 +10,14 @@ pub enum PipelineError {
     /// A configuration value is out of range or inconsistent.
     #[error("invalid training configuration: {0}")]
     Config(String),
+    /// A hub id could not be downloaded into the Hugging Face cache.
+    #[error("downloading {id} from the Hugging Face hub: {message}")]
+    Download {
+        /// The hub id (`org/name[@revision]`).
+        id: String,
+        /// What failed and what to do.
+        message: String,
+    },
     /// A file or directory could not be read or written.
     #[error("{path}: {source}")]
     Io {

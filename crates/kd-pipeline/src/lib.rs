@@ -13,6 +13,8 @@
 #![forbid(unsafe_code)]
 
 mod error;
+#[cfg(feature = "hub-download")]
+pub mod hub;
 pub mod kd_term;
 pub mod models;
 pub mod on_policy;

@@ -9,9 +9,23 @@ use kd_model::LlamaConfig;
 use crate::error::{PipelineError, Result};
 
 /// A model argument as a local path: itself when it exists, else a hub id (`org/name`)
-/// found in the local Hugging Face cache ([`kd_model::resolve_model_path`]).
+/// found in the local Hugging Face cache ([`kd_model::resolve_model_path`]); with the
+/// `hub-download` feature, a hub id the cache lacks is downloaded into it first
+/// ([`crate::hub::download_model`]) unless `HF_HUB_OFFLINE` is set, as transformers does.
 pub fn local_model(path: &Path) -> Result<PathBuf> {
-    Ok(kd_model::resolve_model_path(path)?)
+    let resolved = kd_model::resolve_model_path(path)?;
+    #[cfg(feature = "hub-download")]
+    if !resolved.exists()
+        && !crate::hub::offline()
+        && let (Some(id), Some(cache)) = (
+            path.to_str()
+                .filter(|s| kd_model::parse_hub_id(s).is_some()),
+            kd_model::hf_hub_cache(),
+        )
+    {
+        return crate::hub::download_model(id, &cache, &crate::hub::Endpoint::from_env());
+    }
+    Ok(resolved)
 }
 
 /// Whether `path` is a local model: a Hugging Face directory with `config.json`, a `.gguf`

@@ -258,9 +258,14 @@ impl SpeculatorConfig {
     /// (`meta-llama/Llama-3.2-1B-Instruct`, as the seed's command lines name models) found in
     /// the local Hugging Face cache becomes its snapshot directory
     /// ([`kd_model::resolve_model_path`]); anything else is left as given.
+    /// With a remote teacher (`teacher_url`) the target is only looked up, never downloaded.
     pub fn with_local_models(&self) -> crate::error::Result<Self> {
         Ok(Self {
-            target_model: kd_pipeline::models::local_model(&self.target_model)?,
+            target_model: if self.teacher_url.is_some() {
+                kd_model::resolve_model_path(&self.target_model)?
+            } else {
+                kd_pipeline::models::local_model(&self.target_model)?
+            },
             draft_model: kd_pipeline::models::local_model(&self.draft_model)?,
             ..self.clone()
         })
