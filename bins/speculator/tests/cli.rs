@@ -369,22 +369,27 @@ fn hub_ids_name_a_qwen_pair_in_the_hf_cache() {
         adapter["base_model_name_or_path"],
         "tiny-org/demo-qwen-student"
     );
+    // A dry run of `target` (offline: HF_HUB_OFFLINE=1) on the cached student.
+    let dry_run = |target: &str, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_speculator"))
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_HUB_OFFLINE", "1")
+            .args([
+                "--target_model",
+                target,
+                "--draft_model",
+                "tiny-org/demo-qwen-student",
+                "--data_dir",
+                data.to_str().unwrap(),
+                "--output_dir",
+                dir.path().join(out).to_str().unwrap(),
+                "--dry_run",
+            ])
+            .output()
+            .unwrap()
+    };
     // The dry run says where each id was found and what family the model is.
-    let o = Command::new(env!("CARGO_BIN_EXE_speculator"))
-        .env("HF_HUB_CACHE", &cache)
-        .args([
-            "--target_model",
-            "tiny-org/demo-qwen-teacher",
-            "--draft_model",
-            "tiny-org/demo-qwen-student",
-            "--data_dir",
-            data.to_str().unwrap(),
-            "--output_dir",
-            dir.path().join("planned").to_str().unwrap(),
-            "--dry_run",
-        ])
-        .output()
-        .unwrap();
+    let o = dry_run("tiny-org/demo-qwen-teacher", "planned");
     assert!(o.status.success(), "{}", text(&o));
     let plan = text(&o);
     assert!(
@@ -394,22 +399,7 @@ fn hub_ids_name_a_qwen_pair_in_the_hf_cache() {
     );
     // Offline, an id the cache does not hold is the loader's "not a model" error, naming the
     // cache.
-    let o = Command::new(env!("CARGO_BIN_EXE_speculator"))
-        .env("HF_HUB_CACHE", &cache)
-        .env("HF_HUB_OFFLINE", "1")
-        .args([
-            "--target_model",
-            "tiny-org/absent",
-            "--draft_model",
-            "tiny-org/demo-qwen-student",
-            "--data_dir",
-            data.to_str().unwrap(),
-            "--output_dir",
-            dir.path().join("other").to_str().unwrap(),
-            "--dry_run",
-        ])
-        .output()
-        .unwrap();
+    let o = dry_run("tiny-org/absent", "other");
     assert!(!o.status.success());
     assert!(
         text(&o).contains("tiny-org/absent") && text(&o).contains(cache.to_str().unwrap()),
