@@ -98,7 +98,14 @@ fn main() -> Result<()> {
         seed: args.seed,
         ..SpeculatorConfig::default()
     };
-    let prompts = kd_speculator::load_prompts(&config, &tokenizer)?;
+    let limit = kd_speculator::prompt_limit(
+        Some(config.max_seq_length),
+        &[("target", tc.max_position_embeddings)],
+    );
+    let prompts = kd_speculator::load_prompts(&config, &tokenizer, limit)?;
+    if let Some(w) = prompts.too_long.warning() {
+        println!("warning: {w}");
+    }
     let mut train = prompts.train_prompts();
     if let Some(n) = args.max_train_prompts {
         train.truncate(n);

@@ -63,10 +63,14 @@ fn run() -> Result<()> {
         Some(Command::Eval(e)) => {
             let config = e.config();
             let mut display = Display::new(kd_speculator::StopSignals::manual());
-            let report = kd_speculator::eval(&config, |phase, done, total| {
+            let outcome = kd_speculator::eval(&config, |phase, done, total| {
                 display.eval_progress(phase, done, total)
             })?;
             display.finish();
+            if let Some(w) = outcome.too_long.warning() {
+                eprintln!("warning: {w}");
+            }
+            let report = outcome.report;
             print_report("acceptance", &report);
             if let Some(path) = &e.output {
                 let text = serde_json::to_string_pretty(&report)?;

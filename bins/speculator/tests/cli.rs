@@ -407,3 +407,77 @@ fn hub_ids_name_a_qwen_pair_in_the_hf_cache() {
         text(&o)
     );
 }
+
+/// A prompt that leaves no room for a completion in the models' 512 positions (5000 words) is
+/// skipped with a count, in training's generation (dry run and run) and in `eval` alike; it
+/// used to be generated from and evaluated silently.
+#[test]
+fn prompts_too_long_for_the_models_are_skipped_with_a_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data/long");
+    std::fs::create_dir_all(&data).unwrap();
+    let lines: Vec<String> = std::fs::read_to_string(demo().join("data/ai/batch_input.jsonl"))
+        .unwrap()
+        .lines()
+        .take(11)
+        .map(String::from)
+        .collect();
+    let essay = vec!["word"; 5000].join(" ");
+    let long = serde_json::json!({
+        "custom_id": "the-essay", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "demo", "messages": [{"role": "user", "content": essay}]}
+    });
+    let mut text_lines = lines.clone();
+    text_lines.insert(4, long.to_string());
+    std::fs::write(data.join("batch_input.jsonl"), text_lines.join("\n") + "\n").unwrap();
+    let data_dir = dir.path().join("data");
+    let out = dir.path().join("run");
+    let args = with(
+        with(small_run(&out), "--data_dir", data_dir.to_str().unwrap()),
+        "--max_samples",
+        "100",
+    );
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = speculator(&[argv.as_slice(), &["--dry_run"]].concat());
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("11 from") && t.contains("1 too long for 511 prompt tokens"),
+        "{t}"
+    );
+    assert!(
+        t.contains("1 prompt skipped") && t.contains("the-essay"),
+        "the warning names the prompt: {t}"
+    );
+    // --max_seq_length below the positions sets the limit, and says so.
+    let o = speculator(&[argv.as_slice(), &["--dry_run", "--max_seq_length", "20"]].concat());
+    let t = text(&o);
+    assert!(t.contains("within --max_seq_length 20"), "{t}");
+
+    let d = demo();
+    let o = speculator(&[
+        "eval",
+        "--target_model",
+        d.join("target").to_str().unwrap(),
+        "--draft_model",
+        d.join("draft").to_str().unwrap(),
+        "--data_dir",
+        data_dir.to_str().unwrap(),
+        "--eval_k",
+        "2",
+        "--eval_max_new_tokens",
+        "4",
+        "--output",
+        dir.path().join("report.json").to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("1 prompt skipped") && t.contains("the target's 512 positions"),
+        "{t}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(r["prompts"].as_u64(), Some(11), "{r}");
+}

@@ -27,6 +27,85 @@ pub struct PromptSet {
     pub eval: Vec<usize>,
     /// Records skipped by the reader (always empty under the `error` policy).
     pub skipped: SkipReport,
+    /// Prompts left out because they leave no room for a completion.
+    pub too_long: LongPrompts,
+}
+
+/// Prompts left out because, after the chat template, they leave no room for a single new
+/// token within `--max_seq_length` and the models' positions. Such a prompt is skipped (not
+/// cut): cutting a chat-templated prompt at its start would drop the chat header and system
+/// turn and train the draft on conversations the target never sees in serving.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LongPrompts {
+    /// The most tokens a prompt may have (one position below the limit, for the first new
+    /// token).
+    pub max_prompt_tokens: usize,
+    /// What set the limit (`--max_seq_length 2048`, `the target's 512 positions`, …).
+    pub limit_from: String,
+    /// The ids (`custom_id` or `file:line`) of the prompts left out, in data order.
+    pub ids: Vec<String>,
+    /// Tokens of the longest prompt left out.
+    pub longest: usize,
+}
+
+impl LongPrompts {
+    /// A warning saying what was left out and why, when anything was.
+    pub fn warning(&self) -> Option<String> {
+        let n = self.ids.len();
+        if n == 0 {
+            return None;
+        }
+        let shown: Vec<&str> = self.ids.iter().take(3).map(String::as_str).collect();
+        Some(format!(
+            "{n} prompt{} skipped: longer than {} tokens after the chat template, which leaves              no room for a completion within {} (the longest has {} tokens; {}{}); raise              --max_seq_length if the models' positions allow, or shorten those prompts",
+            if n == 1 { "" } else { "s" },
+            self.max_prompt_tokens,
+            self.limit_from,
+            self.longest,
+            shown.join(", "),
+            if n > shown.len() { ", …" } else { "" },
+        ))
+    }
+}
+
+/// The position limit prompts must fit: the smallest of `--max_seq_length` (when given) and
+/// the named models' position counts, with what set it.
+pub fn prompt_limit(max_seq_length: Option<usize>, models: &[(&str, usize)]) -> (usize, String) {
+    let mut best = (usize::MAX, String::new());
+    if let Some(l) = max_seq_length {
+        best = (l, format!("--max_seq_length {l}"));
+    }
+    for (what, positions) in models {
+        if *positions < best.0 {
+            best = (*positions, format!("the {what}'s {positions} positions"));
+        }
+    }
+    best
+}
+
+/// Keeps the prompts (records and their ids) with at most `limit − 1` tokens, reporting the
+/// others.
+pub fn drop_long_prompts(
+    records: Vec<PromptRecord>,
+    ids: Vec<Vec<u32>>,
+    (limit, limit_from): (usize, String),
+) -> (Vec<PromptRecord>, Vec<Vec<u32>>, LongPrompts) {
+    let mut report = LongPrompts {
+        max_prompt_tokens: limit.saturating_sub(1),
+        limit_from,
+        ..LongPrompts::default()
+    };
+    let (mut kept_records, mut kept_ids) = (Vec::new(), Vec::new());
+    for (r, p) in records.into_iter().zip(ids) {
+        if p.len() > report.max_prompt_tokens {
+            report.longest = report.longest.max(p.len());
+            report.ids.push(r.id);
+        } else {
+            kept_records.push(r);
+            kept_ids.push(p);
+        }
+    }
+    (kept_records, kept_ids, report)
 }
 
 impl PromptSet {
@@ -61,8 +140,13 @@ pub fn eval_count(n: usize, fraction: f64, max: usize) -> usize {
         .min(n - 1)
 }
 
-/// Reads, samples, tokenizes and splits the prompts.
-pub fn load_prompts(config: &SpeculatorConfig, tokenizer: &ChatTokenizer) -> Result<PromptSet> {
+/// Reads, samples, tokenizes and splits the prompts; prompts longer than `limit − 1` tokens
+/// (see [`prompt_limit`]) are left out and reported.
+pub fn load_prompts(
+    config: &SpeculatorConfig,
+    tokenizer: &ChatTokenizer,
+    limit: (usize, String),
+) -> Result<PromptSet> {
     let source = OpenAiBatchSource::from_data_dir(&config.data_dir)?;
     let mut records = source.records();
     let sampling = Sampling {
@@ -80,6 +164,14 @@ pub fn load_prompts(config: &SpeculatorConfig, tokenizer: &ChatTokenizer) -> Res
     }
     let conversations: Vec<_> = prompts.iter().map(|p| p.messages.clone()).collect();
     let ids = tokenizer.encode_prompts(&conversations)?;
+    let (prompts, ids, too_long) = drop_long_prompts(prompts, ids, limit);
+    if prompts.is_empty() {
+        return Err(PipelineError::Config(format!(
+            "{}: every prompt is too long: {}",
+            config.data_dir.display(),
+            too_long.warning().unwrap_or_default()
+        )));
+    }
     let n = prompts.len();
     let m = eval_count(n, config.eval_fraction, config.eval_max_prompts);
     let mut order: Vec<usize> = (0..n).collect();
@@ -97,6 +189,7 @@ pub fn load_prompts(config: &SpeculatorConfig, tokenizer: &ChatTokenizer) -> Res
         train,
         eval,
         skipped,
+        too_long,
     })
 }
 
@@ -145,6 +238,19 @@ pub fn build_examples(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tightest_limit_is_named() {
+        assert_eq!(
+            prompt_limit(Some(2048), &[("draft", 512), ("target", 8192)]),
+            (512, "the draft's 512 positions".into())
+        );
+        assert_eq!(
+            prompt_limit(Some(100), &[("draft", 512)]),
+            (100, "--max_seq_length 100".into())
+        );
+        assert_eq!(prompt_limit(None, &[]).0, usize::MAX);
+    }
 
     #[test]
     fn eval_split_sizes() {

@@ -41,7 +41,10 @@ mod tools;
 
 pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance};
 pub use config::{SpeculatorConfig, default_draft_devices, default_target_devices};
-pub use data::{Examples, PromptSet, build_examples, eval_count, load_prompts};
+pub use data::{
+    Examples, LongPrompts, PromptSet, build_examples, drop_long_prompts, eval_count, load_prompts,
+    prompt_limit,
+};
 pub use error::{PipelineError, Result, error_report};
 pub use kd_pipeline::{EXIT_STOPPED, StopSignals};
 pub use loss::{SpeculatorLoss, TeacherTargets};
@@ -53,6 +56,6 @@ pub use setup::{
     check_vocabularies, setup, teacher_cache_dir,
 };
 pub use tools::{
-    EvalConfig, KeepLayers, Plan, ServeTeacherConfig, adapter_base, derive_draft, eval, merge,
-    plan, serve_teacher,
+    EvalConfig, EvalOutcome, KeepLayers, Plan, ServeTeacherConfig, adapter_base, derive_draft,
+    eval, merge, plan, serve_teacher,
 };

@@ -9,7 +9,7 @@ use kd_data::ChatTokenizer;
 use kd_model::{LlamaConfig, parse_device_list};
 
 use crate::config::SpeculatorConfig;
-use crate::data::{PromptSet, load_prompts};
+use crate::data::{PromptSet, load_prompts, prompt_limit};
 use crate::error::{PipelineError, Result};
 use kd_pipeline::vocab::{VocabDifference, vocab_difference};
 use kd_train::checkpoint::step_checkpoints;
@@ -233,7 +233,16 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
             }
         )));
     }
-    let prompts = load_prompts(config, &tokenizer)?;
+    let mut models = vec![("draft", draft_config.max_position_embeddings)];
+    if let Some(tc) = &target_config {
+        models.push(("target", tc.max_position_embeddings));
+    }
+    let prompts = load_prompts(
+        config,
+        &tokenizer,
+        prompt_limit(Some(config.max_seq_length), &models),
+    )?;
+    warnings.extend(prompts.too_long.warning());
     if prompts.train.is_empty() {
         return Err(PipelineError::Config(
             "every prompt is held out for evaluation: lower --eval_fraction".into(),

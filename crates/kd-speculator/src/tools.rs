@@ -11,6 +11,7 @@ use kd_teacher::{LocalTeacher, ServeConfig, ServerHandle, model_fingerprint, spa
 use serde::{Deserialize, Serialize};
 
 use crate::config::SpeculatorConfig;
+use crate::data::{LongPrompts, drop_long_prompts, prompt_limit};
 use crate::error::{PipelineError, Result};
 use crate::settings::{eval_options, generation_params, lora_config, train_config};
 use crate::setup::{check_vocabularies, is_model_dir, setup, teacher_cache_dir};
@@ -54,12 +55,22 @@ impl Default for EvalConfig {
     }
 }
 
+/// What [`eval`] measured, and the prompts it left out.
+#[derive(Debug, Clone)]
+pub struct EvalOutcome {
+    /// The acceptance report.
+    pub report: AcceptanceReport,
+    /// Prompts left out because they leave no room for a new token within the models'
+    /// positions (the policy of training's generation: skipped, counted).
+    pub too_long: LongPrompts,
+}
+
 /// The acceptance report of `config.draft_model` (plus adapter) serving
 /// `config.target_model` on the prompts of `config.data_dir`.
 pub fn eval(
     config: &EvalConfig,
     mut progress: impl FnMut(EvalPhase, usize, usize),
-) -> Result<AcceptanceReport> {
+) -> Result<EvalOutcome> {
     let device = parse_device(&config.device)?;
     let config = &EvalConfig {
         target_model: local_model(&config.target_model)?,
@@ -82,18 +93,30 @@ pub fn eval(
     .apply(source.records())?;
     let conversations: Vec<_> = records.iter().map(|r| r.messages.clone()).collect();
     let prompts = target_tok.encode_prompts(&conversations)?;
+    let limit = prompt_limit(
+        None,
+        &[
+            ("target", tc.max_position_embeddings),
+            ("draft", dc.max_position_embeddings),
+        ],
+    );
+    let (_, prompts, too_long) = drop_long_prompts(records, prompts, limit);
+    if prompts.is_empty() {
+        return Err(PipelineError::Config(format!(
+            "--data_dir {}: no prompt to evaluate: {}",
+            config.data_dir.display(),
+            too_long
+                .warning()
+                .unwrap_or_else(|| "the batch files hold none".into())
+        )));
+    }
     let target = Llama::load_for_inference(&config.target_model, &device)?;
     let mut draft = Llama::load(&config.draft_model, &device)?;
     if let Some(adapter) = &config.adapter {
         draft = draft.load_adapter(adapter)?.0.merge_and_unload();
     }
-    Ok(evaluate(
-        &target,
-        &draft,
-        &prompts,
-        &config.options,
-        &mut progress,
-    )?)
+    let report = evaluate(&target, &draft, &prompts, &config.options, &mut progress)?;
+    Ok(EvalOutcome { report, too_long })
 }
 
 /// The base model an adapter directory names (`base_model_name_or_path`).
@@ -314,12 +337,15 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
     put(
         "prompts",
         format!(
-            "{} from {} ({} for training, {} held out for acceptance; {} skipped)",
+            "{} from {} ({} for training, {} held out for acceptance; {} skipped, {} too \
+             long for {} prompt tokens)",
             p.records.len(),
             config.data_dir.display(),
             p.train.len(),
             p.eval.len(),
-            p.skipped.total()
+            p.skipped.total(),
+            p.too_long.ids.len(),
+            p.too_long.max_prompt_tokens
         ),
     );
     let prompt_tokens: usize = p.train.iter().map(|i| p.ids[*i].len()).sum();

@@ -1,6 +1,8 @@
 //! The in-process teacher: a kd-model Llama generating batches with the KV cache (rows finish
 //! independently and leave the batch) and scoring sequences.
 
+use std::sync::Arc;
+
 use kd_data::ChatTokenizer;
 pub use kd_model::stream_seed;
 use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, SeededPrompt, TokenBatch};
@@ -40,7 +42,7 @@ pub trait Teacher {
 /// A Llama in this process.
 pub struct LocalTeacher {
     model: Llama,
-    tokenizer: Option<ChatTokenizer>,
+    tokenizer: Option<Arc<ChatTokenizer>>,
     batch_size: usize,
     fingerprint: String,
     score_block_rows: Option<usize>,
@@ -78,7 +80,7 @@ impl LocalTeacher {
 
     /// Decodes completions to text with this tokenizer.
     pub fn with_tokenizer(mut self, tokenizer: ChatTokenizer) -> Self {
-        self.tokenizer = Some(tokenizer);
+        self.tokenizer = Some(Arc::new(tokenizer));
         self
     }
 
@@ -177,7 +179,12 @@ impl LocalTeacher {
 
     /// The tokenizer, if any.
     pub fn tokenizer(&self) -> Option<&ChatTokenizer> {
-        self.tokenizer.as_ref()
+        self.tokenizer.as_deref()
+    }
+
+    /// The tokenizer, shared (the server tokenizes text prompts with it off the worker).
+    pub(crate) fn shared_tokenizer(&self) -> Option<Arc<ChatTokenizer>> {
+        self.tokenizer.clone()
     }
 }
 

@@ -25,6 +25,28 @@ impl OneOrMany {
     }
 }
 
+/// One text prompt or several (SGLang's `text`; a string `prompt` of the OpenAI API),
+/// tokenized by the served model's tokenizer with its special tokens (BOS), as SGLang's
+/// `tokenizer.encode(text)` and vLLM's `add_special_tokens: true` default do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum TextOrMany {
+    /// A single prompt.
+    One(String),
+    /// A batch of prompts.
+    Many(Vec<String>),
+}
+
+/// An OpenAI `prompt`: token ids or text, one or several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum PromptInput {
+    /// Token ids.
+    Ids(OneOrMany),
+    /// Text.
+    Text(TextOrMany),
+}
+
 fn minus_one() -> i64 {
     -1
 }
@@ -33,11 +55,14 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// SGLang `/generate` request (token ids only).
+/// SGLang `/generate` request: token ids (`input_ids`) or text (`text`), not both.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SglRequest {
-    pub input_ids: OneOrMany,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_ids: Option<OneOrMany>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<TextOrMany>,
     #[serde(default)]
     pub sampling_params: SglSampling,
     #[serde(default)]
@@ -138,7 +163,7 @@ pub(crate) struct SglFinish {
 pub(crate) struct OaiRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    pub prompt: OneOrMany,
+    pub prompt: PromptInput,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -172,7 +197,8 @@ impl SglRequest {
     /// A request for one prompt, everything else at its default.
     pub(crate) fn new(ids: Vec<u32>, sampling_params: SglSampling) -> Self {
         Self {
-            input_ids: OneOrMany::One(ids),
+            input_ids: Some(OneOrMany::One(ids)),
+            text: None,
             sampling_params,
             return_logprob: false,
             logprob_start_len: -1,
@@ -189,7 +215,7 @@ impl OaiRequest {
     pub(crate) fn new(model: Option<String>, ids: Vec<u32>) -> Self {
         Self {
             model,
-            prompt: OneOrMany::One(ids),
+            prompt: PromptInput::Ids(OneOrMany::One(ids)),
             max_tokens: None,
             temperature: None,
             top_p: None,

@@ -9,10 +9,14 @@
 //! another composition sums in another order). Sampling seeds per request
 //! (`sampling_seed` / `seed`) make sampled completions reproducible.
 //!
-//! Supported request fields: see the SGLang and OpenAI request types; anything else, hidden
-//! states included, is refused with HTTP 400 naming the field, never silently ignored.
+//! Prompts are token ids, or text (SGLang's `text`, a string OpenAI `prompt`) when the
+//! teacher has a tokenizer: encoded with its special tokens, as SGLang's
+//! `tokenizer.encode(text)` and vLLM's default do.
+//!
+//! Supported request fields: see the SGLang and OpenAI request types; anything else is
+//! refused with HTTP 400 naming the field, never silently ignored.
 
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
@@ -21,6 +25,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use kd_data::ChatTokenizer;
 use kd_model::FinishReason;
 use tokio::sync::oneshot;
 
@@ -28,8 +33,8 @@ use crate::error::{Result, TeacherError};
 use crate::local::LocalTeacher;
 use crate::types::{SamplingParams, Scores};
 use crate::wire::{
-    OaiChoice, OaiLogprobs, OaiRequest, OaiResponse, OaiUsage, SglFinish, SglHidden, SglLogprob,
-    SglMeta, SglRequest, SglResponse, token_key,
+    OaiChoice, OaiLogprobs, OaiRequest, OaiResponse, OaiUsage, OneOrMany, PromptInput, SglFinish,
+    SglHidden, SglLogprob, SglMeta, SglRequest, SglResponse, TextOrMany, token_key,
 };
 
 mod config;
@@ -47,6 +52,8 @@ struct AppState {
     vocab: usize,
     /// The model's position limit: the longest prompt served.
     context: usize,
+    /// Tokenizes text prompts (absent: token ids only).
+    tokenizer: Option<Arc<ChatTokenizer>>,
 }
 
 /// An HTTP error in the OpenAI shape `{"error": {"message", "type", "code"}}`.
@@ -90,6 +97,61 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// The prompts of a request as token ids, text tokenized by the served model's tokenizer
+/// (with its special tokens, as SGLang and vLLM do); and whether a single prompt was given
+/// (not a list).
+async fn prompt_ids(
+    state: &AppState,
+    ids: Option<OneOrMany>,
+    text: Option<TextOrMany>,
+    fields: (&str, &str),
+) -> Result<(Vec<Vec<u32>>, bool), ApiError> {
+    let (ids_field, text_field) = fields;
+    match (ids, text) {
+        (Some(_), Some(_)) => Err(bad(format!(
+            "give either `{ids_field}` or `{text_field}`, not both"
+        ))),
+        (None, None) => Err(bad(format!("give `{ids_field}` or `{text_field}`"))),
+        (Some(ids), None) => {
+            let single = matches!(ids, OneOrMany::One(_));
+            Ok((ids.into_vec(), single))
+        }
+        (None, Some(text)) => {
+            let Some(tokenizer) = state.tokenizer.clone() else {
+                return Err(bad(format!(
+                    "this server has no tokenizer (no tokenizer.json beside its model): send                      token ids in `{ids_field}`"
+                )));
+            };
+            let (texts, single) = match text {
+                TextOrMany::One(t) => (vec![t], true),
+                TextOrMany::Many(t) => (t, false),
+            };
+            if texts.len() > state.config.max_prompts_per_request {
+                // Refused before tokenizing them all.
+                return Err(too_many(texts.len(), &state.config));
+            }
+            // Tokenizing is CPU work: off the async workers.
+            let ids = tokio::task::spawn_blocking(move || {
+                texts
+                    .iter()
+                    .map(|t| tokenizer.encode(t, true))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+            })
+            .await
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(|e| bad(format!("cannot tokenize `{text_field}`: {e}")))?;
+            Ok((ids, single))
+        }
+    }
+}
+
+fn too_many(n: usize, limits: &ServeConfig) -> ApiError {
+    bad(format!(
+        "{n} prompts in one request; this server takes at most {} (split the request)",
+        limits.max_prompts_per_request
+    ))
+}
+
 /// Submits the prompts and waits for all of them.
 async fn submit(
     state: &AppState,
@@ -104,11 +166,7 @@ async fn submit(
     }
     let limits = &state.config;
     if prompts.len() > limits.max_prompts_per_request {
-        return Err(bad(format!(
-            "{} prompts in one request; this server takes at most {} (split the request)",
-            prompts.len(),
-            limits.max_prompts_per_request
-        )));
+        return Err(too_many(prompts.len(), limits));
     }
     if params.max_new_tokens > limits.max_new_tokens {
         return Err(bad(format!(
@@ -219,8 +277,8 @@ async fn sgl_generate(
         hidden_layers: Vec::new(),
     };
     let top_k = (req.return_logprob && req.top_logprobs_num > 0).then_some(req.top_logprobs_num);
-    let single = matches!(req.input_ids, crate::wire::OneOrMany::One(_));
-    let prompts = req.input_ids.into_vec();
+    let (prompts, single) =
+        prompt_ids(&state, req.input_ids, req.text, ("input_ids", "text")).await?;
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let results = submit(
         &state,
@@ -314,7 +372,11 @@ async fn oai_completions(
         hidden_layers: Vec::new(),
     };
     let top_k = req.logprobs.filter(|k| *k > 0);
-    let prompts = req.prompt.into_vec();
+    let (ids, text) = match req.prompt {
+        PromptInput::Ids(ids) => (Some(ids), None),
+        PromptInput::Text(text) => (None, Some(text)),
+    };
+    let (prompts, _) = prompt_ids(&state, ids, text, ("prompt", "prompt")).await?;
     let prompt_ids = prompts.clone();
     let results = submit(&state, prompts, req.seed.unwrap_or(0), params, top_k, false).await?;
     let name = |id: u32| {
@@ -418,6 +480,7 @@ pub fn router(teacher: LocalTeacher, config: ServeConfig) -> Router {
     let (tx, rx) = mpsc::channel();
     let vocab = teacher.model().config().vocab_size;
     let context = teacher.model().config().max_position_embeddings;
+    let tokenizer = teacher.shared_tokenizer();
     let wait = Duration::from_millis(config.batch_wait_ms);
     std::thread::Builder::new()
         .name("kd-teacher-worker".into())
@@ -429,6 +492,7 @@ pub fn router(teacher: LocalTeacher, config: ServeConfig) -> Router {
         config,
         vocab,
         context,
+        tokenizer,
     };
     Router::new()
         .route("/generate", post(sgl_generate))

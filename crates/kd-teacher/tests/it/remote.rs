@@ -462,3 +462,91 @@ fn the_server_fails_closed_and_enforces_its_limits() {
     let (status, text) = post(serde_json::json!({"input_ids": [1, 2], "sampling_params": sp(8)}));
     assert_eq!(status, 200, "{text}");
 }
+
+/// SGLang clients send `text`; OpenAI clients a string `prompt`. Both are tokenized by the
+/// served model's tokenizer with its special tokens and answered as the same ids would be.
+/// The ids are transformers' (`AutoTokenizer.from_pretrained("fixtures/demo/target")
+/// .encode("What is AI?")`, BOS first).
+#[test]
+fn text_prompts_are_tokenized_by_the_served_tokenizer() {
+    let dir = crate::fixtures().join("demo/target");
+    let model = kd_model::Llama::load(&dir, &burn::tensor::Device::flex()).unwrap();
+    let teacher = kd_teacher::LocalTeacher::new(model, 2, "demo")
+        .with_tokenizer(kd_data::ChatTokenizer::from_dir(&dir).unwrap());
+    let server = spawn_server(teacher, "127.0.0.1:0", ServeConfig::default()).unwrap();
+    let plain = spawn_server(crate::teacher(1), "127.0.0.1:0", ServeConfig::default()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let post = |url: &str, path: &str, body: serde_json::Value| {
+        rt.block_on(async {
+            let r = reqwest::Client::new()
+                .post(format!("{url}{path}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        })
+    };
+    let ids = [0, 316, 291, 386, 46, 36];
+    let sp = serde_json::json!({"max_new_tokens": 5, "temperature": 0.0});
+    let (s, by_ids) = post(
+        &server.url(),
+        "/generate",
+        serde_json::json!({"input_ids": ids, "sampling_params": sp}),
+    );
+    assert_eq!(s, 200, "{by_ids}");
+    let (s, by_text) = post(
+        &server.url(),
+        "/generate",
+        serde_json::json!({"text": "What is AI?", "sampling_params": sp}),
+    );
+    assert_eq!(s, 200, "{by_text}");
+    assert_eq!(by_text["meta_info"]["prompt_tokens"], 6, "{by_text}");
+    assert_eq!(by_text["output_ids"], by_ids["output_ids"]);
+    assert_eq!(by_text["text"], by_ids["text"]);
+    // A list of texts answers with a list, in order.
+    let (s, many) = post(
+        &server.url(),
+        "/generate",
+        serde_json::json!({"text": ["Hi there", "What is AI?"], "sampling_params": sp}),
+    );
+    assert_eq!(s, 200, "{many}");
+    assert_eq!(many[0]["meta_info"]["prompt_tokens"], 5, "{many}");
+    assert_eq!(many[1]["output_ids"], by_ids["output_ids"]);
+    // The OpenAI API with a string prompt.
+    let (s, oai) = post(
+        &server.url(),
+        "/v1/completions",
+        serde_json::json!({"prompt": "What is AI?", "max_tokens": 5, "temperature": 0.0,
+                           "return_token_ids": true}),
+    );
+    assert_eq!(s, 200, "{oai}");
+    assert_eq!(
+        oai["choices"][0]["token_ids"], by_ids["output_ids"],
+        "{oai}"
+    );
+    assert_eq!(oai["usage"]["prompt_tokens"], 6, "{oai}");
+    // Both fields, neither, or text on a server without a tokenizer: 400 saying what to send.
+    let (s, e) = post(
+        &server.url(),
+        "/generate",
+        serde_json::json!({"text": "a", "input_ids": [1], "sampling_params": sp}),
+    );
+    assert!(s == 400 && e.to_string().contains("not both"), "{s} {e}");
+    let (s, e) = post(
+        &server.url(),
+        "/generate",
+        serde_json::json!({"sampling_params": sp}),
+    );
+    assert!(s == 400 && e.to_string().contains("`text`"), "{s} {e}");
+    let (s, e) = post(
+        &plain.url(),
+        "/generate",
+        serde_json::json!({"text": "What is AI?", "sampling_params": sp}),
+    );
+    assert!(
+        s == 400 && e.to_string().contains("no tokenizer") && e.to_string().contains("input_ids"),
+        "{s} {e}"
+    );
+}
