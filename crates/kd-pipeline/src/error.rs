@@ -28,7 +28,7 @@ pub enum PipelineError {
         source: std::io::Error,
     },
     /// An output directory that holds another run.
-    #[error("output directory {path}: {message}")]
+    #[error("output directory (output_dir) {path}: {message}")]
     OutputDir {
         /// The directory.
         path: PathBuf,

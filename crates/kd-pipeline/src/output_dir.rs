@@ -83,13 +83,55 @@ fn check_dir(out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Checks, writing nothing that stays, that `out` can be created and written: a file is
+/// created and removed in `out`, or in its nearest existing ancestor when `out` is missing.
+fn check_writable(out: &Path) -> Result<()> {
+    let existing = out
+        .ancestors()
+        .find(|a| a.as_os_str().is_empty() || a.exists())
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            }
+        })
+        .unwrap_or(Path::new("."));
+    let refuse = |why: String| PipelineError::OutputDir {
+        path: out.to_path_buf(),
+        message: format!("cannot be written: {why}; choose another output directory"),
+    };
+    if !existing.is_dir() {
+        return Err(refuse(format!("{} is not a directory", existing.display())));
+    }
+    let probe = existing.join(format!(".kd-write-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(refuse(format!(
+            "creating a file in {} fails ({e})",
+            existing.display()
+        ))),
+    }
+}
+
 impl RunLock {
     /// Creates `out` when missing and locks it; an error naming the holder when another
     /// process holds the lock, or naming `out` when it is a file or cannot be written.
     pub fn acquire(out: &Path) -> Result<Self> {
         use std::io::{Read, Seek, Write};
         check_dir(out)?;
-        std::fs::create_dir_all(out).map_err(|e| PipelineError::io(out, e))?;
+        std::fs::create_dir_all(out).map_err(|e| PipelineError::OutputDir {
+            path: out.to_path_buf(),
+            message: format!("cannot be created ({e}): choose another output directory"),
+        })?;
         let path = out.join(LOCK_FILE);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -124,10 +166,13 @@ impl RunLock {
     }
 
     /// For dry runs: who holds the lock on `out` now, if anyone (`None` also when `out` or
-    /// its lock file does not exist). Takes no lock that outlives the call.
+    /// its lock file does not exist). Takes no lock that outlives the call. An error when
+    /// `out` is a file or cannot be created or written (checked with a file created and
+    /// removed at once).
     pub fn holder(out: &Path) -> Result<Option<String>> {
         use std::io::Read;
         check_dir(out)?;
+        check_writable(out)?;
         let path = out.join(LOCK_FILE);
         let Ok(mut file) = std::fs::File::open(&path) else {
             return Ok(None);
@@ -180,6 +225,28 @@ mod tests {
         let e = RunLock::acquire(&file).unwrap_err().to_string();
         assert!(e.contains("is a file"), "{e}");
         assert!(RunLock::holder(&file).is_err());
+        // Under a file, or where nothing can be created: refused by the dry run's check too.
+        let under = file.join("out");
+        for e in [
+            RunLock::acquire(&under),
+            RunLock::holder(&under).map(|_| unreachable!()),
+        ] {
+            let e = e.unwrap_err().to_string();
+            assert!(
+                e.contains(under.to_str().unwrap()) && e.contains("cannot be"),
+                "{e}"
+            );
+        }
+        let proc_dir = Path::new("/proc/kd-no-such-dir/out");
+        if cfg!(target_os = "linux") {
+            let e = RunLock::holder(proc_dir).unwrap_err().to_string();
+            assert!(e.contains("cannot be written"), "{e}");
+        }
+        // The probe leaves nothing behind.
+        let fine = dir.path().join("new/out");
+        assert_eq!(RunLock::holder(&fine).unwrap(), None);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 2, "{left:?}");
     }
 
     #[test]

@@ -521,6 +521,15 @@ fn bad_inputs_are_clear_errors() {
     assert!(e.contains("--output_dir") && e.contains("is a file"), "{e}");
     let e = kd_speculator::plan(&small(&file)).unwrap_err().to_string();
     assert!(e.contains("is a file"), "{e}");
+    // One that cannot be created (under a file): the dry run and the run both name it.
+    let under = file.join("run");
+    let e = kd_speculator::plan(&small(&under)).unwrap_err().to_string();
+    assert!(
+        e.contains("output_dir") && e.contains(under.to_str().unwrap()) && e.contains("cannot be"),
+        "{e}"
+    );
+    let e = err(&small(&under));
+    assert!(e.contains("output_dir") && e.contains("cannot be"), "{e}");
 }
 
 /// Serves the demo target over SGLang's API; every request after the first `healthy` ones
