@@ -480,4 +480,20 @@ fn prompts_too_long_for_the_models_are_skipped_with_a_count() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
             .unwrap();
     assert_eq!(r["prompts"].as_u64(), Some(11), "{r}");
+    // A data directory that is not there: named by its flag.
+    let o = speculator(&[
+        "eval",
+        "--target_model",
+        d.join("target").to_str().unwrap(),
+        "--draft_model",
+        d.join("draft").to_str().unwrap(),
+        "--data_dir",
+        "/nonexistent-kd-data",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--data_dir /nonexistent-kd-data does not exist"),
+        "{}",
+        text(&o)
+    );
 }

@@ -57,7 +57,9 @@ impl LongPrompts {
         }
         let shown: Vec<&str> = self.ids.iter().take(3).map(String::as_str).collect();
         Some(format!(
-            "{n} prompt{} skipped: longer than {} tokens after the chat template, which leaves              no room for a completion within {} (the longest has {} tokens; {}{}); raise              --max_seq_length if the models' positions allow, or shorten those prompts",
+            "{n} prompt{} skipped: longer than {} tokens after the chat template, which leaves \
+             no room for a completion within {} (the longest has {} tokens; {}{}); raise \
+             --max_seq_length if the models' positions allow, or shorten those prompts",
             if n == 1 { "" } else { "s" },
             self.max_prompt_tokens,
             self.limit_from,

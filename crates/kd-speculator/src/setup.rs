@@ -153,6 +153,22 @@ pub(crate) fn clear_run(out: &Path) -> Result<()> {
     kd_pipeline::clear_run(out, &[ACCEPTANCE_FILE, RUN_CONFIG_FILE])
 }
 
+/// An error naming `--data_dir` when it is missing or not a directory.
+pub(crate) fn check_data_dir(data_dir: &Path) -> Result<()> {
+    if data_dir.is_dir() {
+        return Ok(());
+    }
+    Err(PipelineError::Config(format!(
+        "--data_dir {} {}: it should hold */batch_input.jsonl files (OpenAI batch format)",
+        data_dir.display(),
+        if data_dir.exists() {
+            "is not a directory"
+        } else {
+            "does not exist"
+        }
+    )))
+}
+
 /// Validates the configuration and reads everything but the weights.
 pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
     config.validate()?;
@@ -222,17 +238,7 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
         }
     }
     let tokenizer = target_tokenizer.unwrap_or(draft_tokenizer);
-    if !config.data_dir.is_dir() {
-        return Err(PipelineError::Config(format!(
-            "--data_dir {} {}: it should hold */batch_input.jsonl files (OpenAI batch format)",
-            config.data_dir.display(),
-            if config.data_dir.exists() {
-                "is not a directory"
-            } else {
-                "does not exist"
-            }
-        )));
-    }
+    check_data_dir(&config.data_dir)?;
     let mut models = vec![("draft", draft_config.max_position_embeddings)];
     if let Some(tc) = &target_config {
         models.push(("target", tc.max_position_embeddings));

@@ -14,7 +14,7 @@ use crate::config::SpeculatorConfig;
 use crate::data::{LongPrompts, drop_long_prompts, prompt_limit};
 use crate::error::{PipelineError, Result};
 use crate::settings::{eval_options, generation_params, lora_config, train_config};
-use crate::setup::{check_vocabularies, is_model_dir, setup, teacher_cache_dir};
+use crate::setup::{check_data_dir, check_vocabularies, is_model_dir, setup, teacher_cache_dir};
 
 /// What `speculator eval` measures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +84,7 @@ pub fn eval(
     let draft_tok = ChatTokenizer::from_dir(&config.draft_model)?
         .with_template_variables(&config.chat_template_kwargs)?;
     check_vocabularies(Some((&tc, Some(&target_tok))), (&dc, &draft_tok))?;
+    check_data_dir(&config.data_dir)?;
     let source = OpenAiBatchSource::from_data_dir(&config.data_dir)?;
     let records = Sampling {
         max_samples: config.max_samples,

@@ -119,7 +119,8 @@ async fn prompt_ids(
         (None, Some(text)) => {
             let Some(tokenizer) = state.tokenizer.clone() else {
                 return Err(bad(format!(
-                    "this server has no tokenizer (no tokenizer.json beside its model): send                      token ids in `{ids_field}`"
+                    "this server has no tokenizer (no tokenizer.json beside its model): send \
+                     token ids in `{ids_field}`"
                 )));
             };
             let (texts, single) = match text {
