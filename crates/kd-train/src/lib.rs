@@ -60,5 +60,5 @@ pub mod advanced {
     pub use crate::data::shard_rows;
     pub use crate::optim::{AdamW, AdamWParams, clip_coefficient, global_grad_norm};
     pub use crate::schedule::learning_rate;
-    pub use crate::trainer::step::{StepGradients, step_gradients};
+    pub use crate::trainer::step::{PartLoss, StepGradients, step_gradients};
 }

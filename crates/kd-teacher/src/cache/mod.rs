@@ -139,7 +139,7 @@ struct Line {
 pub struct CacheProgress {
     /// Shards done (including those found on disk).
     pub shards_done: usize,
-    /// Shards in all.
+    /// Shards in all (this rank's, when ranks share the cache).
     pub shards: usize,
     /// Prompts done.
     pub prompts_done: usize,
@@ -242,6 +242,21 @@ impl GenerationCache {
         &self,
         teacher: &dyn Teacher,
         prompts: &[Prompt],
+        progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
+    ) -> Result<Vec<Generation>> {
+        self.generate_share_while(teacher, prompts, (0, 1), progress)
+    }
+
+    /// [`generate_while`](Self::generate_while) for one of `ranks` processes sharing the
+    /// cache: rank `rank` makes (or reads) only the shards `s` with `s % ranks == rank` and
+    /// returns their completions, in shard order. Once every rank has returned, any of them
+    /// reads the whole cache with [`generate`](Self::generate) without generating anything.
+    /// Ranks never write the same shard; a rank killed midway loses only its unfinished shard.
+    pub fn generate_share_while(
+        &self,
+        teacher: &dyn Teacher,
+        prompts: &[Prompt],
+        (rank, ranks): (usize, usize),
         mut progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
     ) -> Result<Vec<Generation>> {
         if prompts.len() != self.manifest.count || prompts_hash(prompts) != self.manifest.prompts {
@@ -252,7 +267,13 @@ impl GenerationCache {
         }
         let size = self.manifest.shard_size.max(1);
         let mut all = Vec::with_capacity(prompts.len());
+        let ranks = ranks.max(1);
+        let mine = self.shards().saturating_sub(rank).div_ceil(ranks);
+        let mut done = 0;
         for (s, chunk) in prompts.chunks(size).enumerate() {
+            if s % ranks != rank {
+                continue;
+            }
             let path = self.shard_path(s);
             let reused = path.is_file();
             let gens = if reused {
@@ -273,9 +294,10 @@ impl GenerationCache {
             };
             let tokens = gens.iter().map(|g| g.ids.len()).sum();
             all.extend(gens);
+            done += 1;
             let p = CacheProgress {
-                shards_done: s + 1,
-                shards: self.shards(),
+                shards_done: done,
+                shards: mine,
                 prompts_done: all.len(),
                 reused,
                 tokens,

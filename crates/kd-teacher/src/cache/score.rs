@@ -85,6 +85,19 @@ impl ScoreCache {
         &self,
         teacher: &dyn Teacher,
         sequences: &[Vec<u32>],
+        progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
+    ) -> Result<Vec<Scores>> {
+        self.score_share_while(teacher, sequences, (0, 1), progress)
+    }
+
+    /// [`score_while`](Self::score_while) for rank `rank` of `ranks` processes sharing the
+    /// cache: only the shards `s` with `s % ranks == rank`, as in
+    /// [`GenerationCache::generate_share_while`].
+    pub fn score_share_while(
+        &self,
+        teacher: &dyn Teacher,
+        sequences: &[Vec<u32>],
+        (rank, ranks): (usize, usize),
         mut progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
     ) -> Result<Vec<Scores>> {
         if sequences.len() != self.manifest.count
@@ -96,9 +109,18 @@ impl ScoreCache {
             });
         }
         let size = self.manifest.shard_size.max(1);
-        let shards = sequences.len().div_ceil(size);
+        let ranks = ranks.max(1);
+        let shards = sequences
+            .len()
+            .div_ceil(size)
+            .saturating_sub(rank)
+            .div_ceil(ranks);
         let mut all = Vec::with_capacity(sequences.len());
+        let mut done = 0;
         for (s, chunk) in sequences.chunks(size).enumerate() {
+            if s % ranks != rank {
+                continue;
+            }
             let path = self.shard_path(s);
             let reused = path.is_file();
             let scores = if reused {
@@ -110,8 +132,9 @@ impl ScoreCache {
             };
             let tokens = scores.iter().map(|s| s.len).sum();
             all.extend(scores);
+            done += 1;
             let p = CacheProgress {
-                shards_done: s + 1,
+                shards_done: done,
                 shards,
                 prompts_done: all.len(),
                 reused,

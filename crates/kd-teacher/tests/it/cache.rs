@@ -206,3 +206,89 @@ fn score_cache_round_trips_exactly_and_recomputes_only_missing_shards() {
         .to_string();
     assert!(err.contains("scores-00000.safetensors"), "{err}");
 }
+
+/// Two data-parallel ranks sharing one cache: rank r makes the shards s with s mod 2 = r, and
+/// together they write what one process writes, each shard once. A rank stopped after its
+/// first shard keeps it; run again, it makes only the shards still missing, and a full read
+/// then generates nothing.
+#[test]
+fn ranks_share_a_cache_shard_by_shard() {
+    use std::ops::ControlFlow;
+    let straight = tempfile::tempdir().unwrap();
+    let expected = run(straight.path(), false);
+
+    let shared = tempfile::tempdir().unwrap();
+    let cache = GenerationCache::open(shared.path(), manifest(18)).unwrap();
+    let counting = Counting {
+        inner: &teacher(4),
+        scored: std::cell::Cell::new(0),
+    };
+    // Rank 1 stops after its first shard (shard 1): a stop on request, the shard kept.
+    let e = cache
+        .generate_share_while(&counting, &prompts(18), (1, 2), |p| {
+            assert_eq!(p.shards, 2, "rank 1 of 2 owns shards 1 and 3");
+            ControlFlow::Break(())
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("1 of 2"), "{e}");
+    assert!(shared.path().join("shard-00001.jsonl").is_file());
+    assert!(!shared.path().join("shard-00003.jsonl").exists());
+    // Rank 0 makes shards 0, 2 and 4 and returns their 4 + 4 + 2 completions.
+    let mine = cache
+        .generate_share_while(&counting, &prompts(18), (0, 2), |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(mine.len(), 10);
+    assert_eq!(mine[..4], expected[..4]);
+    assert!(!shared.path().join("shard-00003.jsonl").exists());
+    // Rank 1 again: only shard 3 is missing.
+    let before = std::fs::metadata(shared.path().join("shard-00001.jsonl"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let rank1 = cache
+        .generate_share_while(&counting, &prompts(18), (1, 2), |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(rank1.len(), 8);
+    let after = std::fs::metadata(shared.path().join("shard-00001.jsonl"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(before, after, "rank 1 rewrote a finished shard");
+    // Everything is there: a full read generates nothing and equals one process's run.
+    let all = cache
+        .generate_while(&PanicsOnGenerate, &prompts(18), |p| {
+            assert!(p.reused);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(all, expected);
+}
+
+/// A teacher that must not be asked.
+struct PanicsOnGenerate;
+
+impl Teacher for PanicsOnGenerate {
+    fn generate(
+        &self,
+        _prompts: &[kd_teacher::Prompt],
+        _params: &SamplingParams,
+    ) -> kd_teacher::Result<Vec<kd_teacher::Generation>> {
+        panic!("a cached shard was generated again")
+    }
+
+    fn score_with(
+        &self,
+        _sequences: &[Vec<u32>],
+        _options: &kd_teacher::ScoreOptions,
+    ) -> kd_teacher::Result<Vec<kd_teacher::Scores>> {
+        panic!("not asked to score")
+    }
+
+    fn fingerprint(&self) -> String {
+        teacher(4).fingerprint()
+    }
+}

@@ -4,6 +4,7 @@
 //! rate; checkpoints and metrics; exact resume.
 
 mod plan;
+mod reduce;
 mod resume;
 mod save;
 pub(crate) mod step;
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use kd_data::{Example, plan_batches};
+use kd_dist::World;
 
 use crate::config::TrainConfig;
 use crate::data::{PlannedStep, StepData};
@@ -28,7 +30,7 @@ use step::run_step;
 use window::{MetricsWindow, write_log};
 
 /// Work done between optimizer steps with the model being trained (the distill pipeline's
-/// validation every `eval_steps`).
+/// validation every `eval_steps`). Across ranks, only rank 0 calls it.
 pub trait StepHook<M = TrainModel> {
     /// Called after optimizer step `step` (1-based) of `total_steps`, after its metrics and
     /// checkpoints; an error stops the run.
@@ -51,10 +53,23 @@ pub struct TrainSummary {
     /// Wall time of those steps (batches, forward, backward, update; the step data's work —
     /// on-policy sampling and scoring — included; logging and checkpoints not).
     pub step_seconds: f64,
+    /// Of `step_seconds`, the time spent exchanging gradients and losses with the other
+    /// ranks, waits for slower ranks included (0 alone).
+    pub reduce_seconds: f64,
+    /// Ranks that trained together (1 alone).
+    pub ranks: usize,
 }
 
 /// The trainer: a configuration and a loss, with an optional observer (progress), hook
 /// (validation) and step data source (on-policy rows); [`run`](Self::run) trains.
+///
+/// Across ranks ([`kd_dist::World`]: `mpirun -np N …`), every rank runs the same trainer on
+/// the same examples: each step's rows are split N ways more (N ranks × `accumulation_shards`
+/// shards per planned micro-batch, so the effective batch grows N-fold), each rank computes
+/// the gradients of its shards under the step's global label-token count, the sums are
+/// all-reduced, and every rank applies the same update. Rank 0 alone writes `training_log.txt`,
+/// TensorBoard and checkpoints, and alone reports checkpoints and calls the hook. A stop
+/// request on any rank stops all of them at the same step.
 ///
 /// ```no_run
 /// use kd_train::{CausalLmLoss, TrainConfig, TrainModel, Trainer};
@@ -70,6 +85,7 @@ pub struct Trainer<'a, M = TrainModel> {
     observer: Option<&'a mut dyn TrainObserver>,
     hook: Option<&'a mut dyn StepHook<M>>,
     data: Option<&'a mut dyn StepData<M>>,
+    world: &'a World,
 }
 
 impl<'a, M: Trainable> Trainer<'a, M> {
@@ -81,7 +97,14 @@ impl<'a, M: Trainable> Trainer<'a, M> {
             observer: None,
             hook: None,
             data: None,
+            world: kd_dist::world(),
         }
+    }
+
+    /// Trains as one rank of `world` (default: the process's, [`kd_dist::world`]).
+    pub fn world(mut self, world: &'a World) -> Self {
+        self.world = world;
+        self
     }
 
     /// Reports progress to `observer`.
@@ -107,15 +130,20 @@ impl<'a, M: Trainable> Trainer<'a, M> {
     /// come from that checkpoint and the run continues exactly.
     pub fn run(self, model: M, examples: &[Example]) -> Result<(M, TrainSummary)> {
         let Self {
-            config,
+            mut config,
             loss,
             observer,
             mut hook,
             mut data,
+            world,
         } = self;
         let mut noop = NoopObserver;
         let observer = observer.unwrap_or(&mut noop);
         config.validate()?;
+        // N ranks × S shards: the one-process run with N·S shards (what the plan, the
+        // fingerprint, the effective batch and the log header count).
+        config.accumulation_shards *= world.size();
+        let root = world.is_root();
         if model.mode() != config.mode {
             return Err(TrainError::Config(format!(
                 "the configuration trains in {:?} mode but the model is set up for {:?} mode \
@@ -146,14 +174,27 @@ impl<'a, M: Trainable> Trainer<'a, M> {
         history.save_steps = config.save_steps;
         history.train_batch_size = config.train_batch_size;
 
-        let mut text_log = TextLog::open(out)?;
-        let mut tb = TensorBoard::create(&out.join("runs"))?;
+        // Rank 0 writes the run's files.
+        let mut logs = if root {
+            Some((TextLog::open(out)?, TensorBoard::create(&out.join("runs"))?))
+        } else {
+            None
+        };
         let header = run.header(&config, examples.len(), state.global_step);
-        text_log.line(&header)?;
-        tracing::info!("{header}");
-        if let Some(line) = model.describe() {
-            text_log.line(&format!("# {line}"))?;
+        if let Some((text_log, _)) = logs.as_mut() {
+            text_log.line(&header)?;
+            if world.is_distributed() {
+                text_log.line(&format!(
+                    "# data-parallel: {} ranks, {} shard(s) each per micro-batch",
+                    world.size(),
+                    config.accumulation_shards / world.size()
+                ))?;
+            }
+            if let Some(line) = model.describe() {
+                text_log.line(&format!("# {line}"))?;
+            }
         }
+        tracing::info!("{header}");
 
         let mut model = model.train();
         observer.on_start(state.global_step, run.total_steps);
@@ -166,6 +207,8 @@ impl<'a, M: Trainable> Trainer<'a, M> {
             last_loss: None,
             label_tokens: 0,
             step_seconds: 0.0,
+            reduce_seconds: 0.0,
+            ranks: world.size(),
         };
         let pad_id = model.pad_id();
         let mut plan = plan_batches(&run.lengths, &run.batch_opts, state.epoch as u64);
@@ -199,12 +242,19 @@ impl<'a, M: Trainable> Trainer<'a, M> {
                 run.warmup,
                 run.total_steps,
             );
-            let (next, mut outcome) =
-                run_step(&config, model, &mut optimizer, &micro, loss, (step, lr))?;
+            let (next, mut outcome) = run_step(
+                &config,
+                (model, world),
+                &mut optimizer,
+                &micro,
+                loss,
+                (step, lr),
+            )?;
             model = next;
             let step_seconds = step_started.elapsed().as_secs_f64();
             summary.label_tokens += outcome.tokens;
             summary.step_seconds += step_seconds;
+            summary.reduce_seconds += outcome.reduce_seconds;
             if let Some(d) = data.as_mut() {
                 outcome
                     .terms
@@ -244,7 +294,9 @@ impl<'a, M: Trainable> Trainer<'a, M> {
                     &outcome,
                     started.elapsed().as_secs_f64(),
                 );
-                write_log(&record, run.total_steps, &mut text_log, &mut tb)?;
+                if let Some((text_log, tb)) = logs.as_mut() {
+                    write_log(&record, run.total_steps, text_log, tb)?;
+                }
                 summary.last_loss = Some(record.loss);
                 observer.on_log(&record);
                 history.log_history.push(record);
@@ -255,32 +307,52 @@ impl<'a, M: Trainable> Trainer<'a, M> {
 
             // Checkpoints.
             let epoch_done = state.next_micro_batch >= plan.len();
-            let saved = save_checkpoints(
-                &config,
-                (&model, &optimizer),
-                (&state, &history),
-                epoch_done,
-                false,
-            )?;
+            let saved = if root {
+                save_checkpoints(
+                    &config,
+                    (&model, &optimizer),
+                    (&state, &history),
+                    epoch_done,
+                    false,
+                )?
+            } else {
+                Vec::new()
+            };
             let step_checkpoint = saved.first().cloned();
             for path in saved {
                 observer.on_checkpoint(&path);
                 summary.checkpoints.push(path);
             }
-            if let Some(h) = hook.as_mut() {
+            if root && let Some(h) = hook.as_mut() {
                 h.after_step(state.global_step, run.total_steps, &model)?;
             }
-            if state.global_step < run.total_steps && observer.stop_requested() {
+            let stop = state.global_step < run.total_steps && observer.stop_requested();
+            // Every rank stops at the same step when any was asked to.
+            let stop = if world.is_distributed() {
+                world
+                    .any(stop)
+                    .map_err(|e| TrainError::Config(format!("data-parallel stop request: {e}")))?
+            } else {
+                stop
+            };
+            if stop {
                 let checkpoint = match step_checkpoint {
                     Some(path) => path,
                     // Not reported through `on_checkpoint`: no evaluation on the way out.
-                    None => save_stop_checkpoint(
+                    None if root => save_stop_checkpoint(
                         &config,
                         (&model, &optimizer),
                         (&state, &history),
                         epoch_done,
                     )?,
+                    // Rank 0 writes it.
+                    None => out.join(format!("checkpoint-{}", state.global_step)),
                 };
+                // No rank leaves before rank 0 has written the checkpoint (a launcher may end
+                // the job when the first rank exits).
+                world
+                    .barrier()
+                    .map_err(|e| TrainError::Config(format!("data-parallel stop request: {e}")))?;
                 return Err(TrainError::Stopped {
                     step: state.global_step,
                     total_steps: run.total_steps,

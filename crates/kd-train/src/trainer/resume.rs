@@ -49,10 +49,18 @@ pub(crate) fn resume<M: Trainable>(
         if let (Some(a), Some(b)) = (saved.fingerprint.as_object(), run.fingerprint.as_object()) {
             for (k, v) in b {
                 if a.get(k) != Some(v) {
-                    diffs.push(format!(
+                    let mut d = format!(
                         "{k}: checkpoint {} vs now {v}",
                         a.get(k).cloned().unwrap_or_default()
-                    ));
+                    );
+                    if k == "data_parallel" {
+                        d.push_str(
+                            " (shards per micro-batch = ranks × accumulation_shards: resume with \
+                             the same number of ranks, or with accumulation_shards making the \
+                             same product, which continues exactly)",
+                        );
+                    }
+                    diffs.push(d);
                 }
             }
         }
