@@ -173,6 +173,16 @@ pub fn print_summary(s: &DistillSummary) {
         s.scored_sequences,
         total - s.scored_sequences.min(total)
     );
+    if s.train.ranks > 1 {
+        println!(
+            "  data-parallel: {} ranks (the scoring counts above are rank 0's share); the \
+             all-reduce took {:.1} s of the steps' {:.1} s ({:.1}%)",
+            s.train.ranks,
+            s.train.reduce_seconds,
+            s.train.step_seconds,
+            100.0 * s.train.reduce_seconds / s.train.step_seconds.max(1e-9)
+        );
+    }
     if let Some(r) = &s.last_log {
         let terms: Vec<String> = r.terms.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
         println!("  last log: loss {:.4} | {}", r.loss, terms.join(" | "));

@@ -48,23 +48,37 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+    let cli = Cli::parse();
+    // One rank of a data-parallel job when an MPI launcher started this process (mpirun,
+    // srun --mpi=pmix); alone otherwise.
+    let world = match kd_dist::init() {
+        Ok(w) => w,
         Err(e) => {
-            eprintln!("error: {}", kd_distill::error_report(e.as_ref()));
-            if e.downcast_ref::<kd_distill::PipelineError>()
-                .is_some_and(|p| p.is_stopped())
-            {
-                eprintln!(
-                    "the same command continues: with resume_from_checkpoint=true once training \
-                     had started (exit status {})",
-                    kd_distill::EXIT_STOPPED
-                );
-                return ExitCode::from(kd_distill::EXIT_STOPPED);
-            }
-            ExitCode::FAILURE
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
         }
+    };
+    let result = run(cli);
+    if let Err(e) = &result {
+        eprintln!(
+            "error{}: {}",
+            world.label(),
+            kd_distill::error_report(e.as_ref())
+        );
     }
+    let pipeline = result
+        .as_ref()
+        .map_err(|e| e.downcast_ref::<kd_distill::PipelineError>());
+    if pipeline.is_err_and(|p| p.is_some_and(|p| p.is_stopped())) && world.is_root() {
+        eprintln!(
+            "the same command continues: with resume_from_checkpoint=true once \
+                         training had started (exit status {})",
+            kd_distill::EXIT_STOPPED
+        );
+    }
+    // Across ranks, a success shuts MPI down with the others; a failure ends the whole job
+    // (the other ranks may be waiting for this one).
+    ExitCode::from(kd_distill::exit_status(pipeline.map(|_| ())))
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -91,7 +105,13 @@ fn run(cli: Cli) -> Result<()> {
         return Ok(());
     }
     kd_train::retain_freed_memory();
-    let mut display = Display::new(kd_distill::StopSignals::install()?);
+    let stop = kd_distill::StopSignals::install()?;
+    if !kd_dist::world().is_root() {
+        // Rank 0 reports the run.
+        kd_distill::run(&loaded.config, &mut kd_distill::QuietRank { stop })?;
+        return Ok(());
+    }
+    let mut display = Display::new(stop);
     let summary = kd_distill::run(&loaded.config, &mut display);
     display.finish();
     print_summary(&summary?);

@@ -150,6 +150,10 @@ pub struct TrainArgs {
     /// Gradient accumulation steps.
     #[arg(long, default_value_t = d().gradient_accumulation_steps)]
     pub gradient_accumulation_steps: usize,
+    /// Shards each micro-batch is split into, gradients summed (one process with N shards
+    /// trains exactly what `mpirun -np N` ranks train).
+    #[arg(long, default_value_t = d().accumulation_shards)]
+    pub accumulation_shards: usize,
     /// Number of training epochs.
     #[arg(long, default_value_t = d().num_epochs)]
     pub num_epochs: usize,

@@ -252,6 +252,16 @@ pub fn print_summary(s: &SpeculatorSummary) {
             s.train.step_seconds
         );
     }
+    if s.train.ranks > 1 {
+        println!(
+            "  data-parallel      {} ranks; the all-reduce took {:.1} s of the steps' {:.1} s \
+             ({:.1}%)",
+            s.train.ranks,
+            s.train.reduce_seconds,
+            s.train.step_seconds,
+            100.0 * s.train.reduce_seconds / s.train.step_seconds.max(1e-9)
+        );
+    }
     if let Some(r) = &s.last_log {
         let terms: Vec<String> = r.terms.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
         println!("  final loss         {:.4} ({})", r.loss, terms.join(", "));
@@ -290,7 +300,8 @@ pub fn print_summary(s: &SpeculatorSummary) {
         None => println!("acceptance: not measured"),
     }
     println!("\nwritten to {}:", s.output_dir.display());
-    for c in &s.train.checkpoints {
+    // The checkpoints still there (`--save_total_limit` removed the older step ones).
+    for c in s.train.checkpoints.iter().filter(|c| c.is_dir()) {
         println!("  {}", c.display());
     }
     println!("  {}", s.output_dir.join("training_log.txt").display());

@@ -30,23 +30,36 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
+    // One rank of a data-parallel job when an MPI launcher started this process (mpirun,
+    // srun --mpi=pmix); alone otherwise.
+    let world = match kd_dist::init() {
+        Ok(w) => w,
         Err(e) => {
-            eprintln!("error: {}", kd_speculator::error_report(e.as_ref()));
-            if e.downcast_ref::<kd_speculator::PipelineError>()
-                .is_some_and(|p| p.is_stopped())
-            {
-                eprintln!(
-                    "the same command continues: with --resume_from_checkpoint latest once \
-                     training had started (exit status {})",
-                    kd_speculator::EXIT_STOPPED
-                );
-                return ExitCode::from(kd_speculator::EXIT_STOPPED);
-            }
-            ExitCode::FAILURE
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
         }
+    };
+    let result = run();
+    if let Err(e) = &result {
+        eprintln!(
+            "error{}: {}",
+            world.label(),
+            kd_speculator::error_report(e.as_ref())
+        );
     }
+    let pipeline = result
+        .as_ref()
+        .map_err(|e| e.downcast_ref::<kd_speculator::PipelineError>());
+    if pipeline.is_err_and(|p| p.is_some_and(|p| p.is_stopped())) && world.is_root() {
+        eprintln!(
+            "the same command continues: with --resume_from_checkpoint latest once \
+                         training had started (exit status {})",
+            kd_speculator::EXIT_STOPPED
+        );
+    }
+    // Across ranks, a success shuts MPI down with the others; a failure ends the whole job
+    // (the other ranks may be waiting for this one).
+    ExitCode::from(kd_speculator::exit_status(pipeline.map(|_| ())))
 }
 
 fn run() -> Result<()> {
@@ -129,7 +142,13 @@ fn train(config: kd_speculator::SpeculatorConfig, dry_run: bool) -> Result<()> {
         return Ok(());
     }
     kd_train::retain_freed_memory();
-    let mut display = Display::new(kd_speculator::StopSignals::install()?);
+    let stop = kd_speculator::StopSignals::install()?;
+    if !kd_dist::world().is_root() {
+        // Rank 0 reports the run.
+        kd_speculator::run(&config, &mut kd_speculator::QuietRank { stop })?;
+        return Ok(());
+    }
+    let mut display = Display::new(stop);
     let summary = kd_speculator::run(&config, &mut display);
     display.finish();
     print_summary(&summary?);

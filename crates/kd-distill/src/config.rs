@@ -443,6 +443,10 @@ pub struct DistillConfig {
     /// Beyond ROLL: cut each on-policy answer to the length of the dataset answer it replaces
     /// (equal label tokens per row).
     pub on_policy_match_length: bool,
+    /// Beyond ROLL: shards each micro-batch is split into on this rank, their gradients
+    /// summed; one process with N shards trains exactly what N data-parallel ranks
+    /// (`mpirun -np N distill …`) train.
+    pub accumulation_shards: usize,
     /// Beyond ROLL: remove an earlier run's checkpoints and logs from `output_dir` (and
     /// `logging_dir`) before starting; the teacher cache is kept.
     pub overwrite_output_dir: bool,
@@ -489,6 +493,7 @@ impl Default for DistillConfig {
             on_policy_top_p: 1.0,
             on_policy_max_new_tokens: 128,
             on_policy_match_length: false,
+            accumulation_shards: 1,
             overwrite_output_dir: false,
             student: WorkerConfig::default(),
             teacher: WorkerConfig::default(),
@@ -573,6 +578,9 @@ impl DistillConfig {
         }
         if self.logging_steps == 0 {
             return bad("`logging_steps` must be positive".into());
+        }
+        if self.accumulation_shards == 0 {
+            return bad("`accumulation_shards` must be positive".into());
         }
         if self.sequence_length < 2 {
             return bad("`sequence_length` must be at least 2".into());

@@ -38,7 +38,7 @@ pub use config::{
     parse_device_mapping,
 };
 pub use error::{PipelineError, Result, error_report};
-pub use kd_pipeline::{EXIT_STOPPED, RunLock, StopSignals};
+pub use kd_pipeline::{EXIT_STOPPED, QuietRank, RunLock, StopSignals, exit_status};
 pub use load::{LoadedConfig, config_file, load, to_yaml};
 pub use loss::{DistillLoss, EvalSums, evaluate_batches};
 pub use run::{DistillObserver, DistillPhase, DistillSummary, QuietDistill, Validation, run};

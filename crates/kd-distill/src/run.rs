@@ -88,6 +88,9 @@ pub struct QuietDistill;
 impl TrainObserver for QuietDistill {}
 impl DistillObserver for QuietDistill {}
 
+/// A data-parallel rank other than 0 reports nothing (it relays stop signals).
+impl DistillObserver for kd_pipeline::QuietRank {}
+
 /// How a run went.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DistillSummary {
@@ -121,8 +124,17 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
     observer.on_phase(DistillPhase::Setup);
     config.validate()?;
     let student_dir = config.student_path()?;
-    // Held until the run returns: a second run into the same directory is refused.
-    let _lock = prepare_output_dir(config)?;
+    // Across ranks (mpirun -np N), every rank runs every phase on its share; rank 0 alone
+    // writes the run's files and validates. Held until the run returns: a second run into the
+    // same directory is refused.
+    let world = kd_dist::world();
+    let _lock = kd_pipeline::ranks::root_first(world, || {
+        if world.is_root() {
+            prepare_output_dir(config).map(Some)
+        } else {
+            Ok(None)
+        }
+    })?;
     let mut warnings = Vec::new();
     let (student_device, teacher_device) = devices(config, &mut warnings)?;
     for w in &warnings {
@@ -421,7 +433,8 @@ fn train_student(inputs: TrainInputs<'_, '_>) -> Result<TrainedStudent> {
         base_model: student_dir.display().to_string(),
         tokenizer_dir: Some(student_dir.to_path_buf()),
     };
-    let tb = if config.track_with == TrackWith::Tensorboard {
+    let root = kd_dist::world().is_root();
+    let tb = if config.track_with == TrackWith::Tensorboard && root {
         let mut tb = TensorBoard::create(&config.logging_dir)?;
         tb.scalar("train/teacher_forward", scores.seconds, 0)?;
         Some(RefCell::new(tb))
@@ -453,7 +466,7 @@ fn train_student(inputs: TrainInputs<'_, '_>) -> Result<TrainedStudent> {
         results: Vec::new(),
         observer: &shared,
     };
-    if config.resume_from_checkpoint == ResumeFrom::No && !validator.batches.is_empty() {
+    if config.resume_from_checkpoint == ResumeFrom::No && !validator.batches.is_empty() && root {
         let v = validator.validate(0, &llama)?;
         shared.borrow_mut().on_validation(&v);
     }

@@ -9,6 +9,7 @@ use kd_data::Example;
 use kd_teacher::{ScoreCache, ScoreCacheManifest, ScoreOptions, Scores, Teacher, sequences_hash};
 
 use kd_pipeline::continue_unless_stopped;
+use kd_pipeline::ranks::root_first;
 
 use crate::config::DistillConfig;
 use crate::error::Result;
@@ -24,18 +25,29 @@ fn score_all(
     mut progress: impl FnMut(usize, usize) -> std::ops::ControlFlow<()>,
 ) -> Result<Vec<Scores>> {
     let sequences: Vec<Vec<u32>> = examples.iter().map(|e| e.input_ids.clone()).collect();
-    let cache = ScoreCache::open(
-        dir,
-        ScoreCacheManifest {
-            version: 1,
-            teacher: teacher.fingerprint(),
-            options: ScoreOptions::top_k(top_k),
-            sequences: sequences_hash(&sequences),
-            count: sequences.len(),
-            shard_size: shard,
-        },
-    )?;
+    let manifest = ScoreCacheManifest {
+        version: 1,
+        teacher: teacher.fingerprint(),
+        options: ScoreOptions::top_k(top_k),
+        sequences: sequences_hash(&sequences),
+        count: sequences.len(),
+        shard_size: shard,
+    };
+    let world = kd_dist::world();
+    let cache = root_first(world, || Ok(ScoreCache::open(dir, manifest)?))?;
     let total = sequences.len();
+    // Across ranks, each scores its share of the shards; then every rank reads them all.
+    if world.is_distributed() {
+        let mut last = 0;
+        cache.score_share_while(teacher, &sequences, (world.rank(), world.size()), |p| {
+            if !p.reused {
+                *scored += p.prompts_done - last;
+            }
+            last = p.prompts_done;
+            progress(p.prompts_done, total)
+        })?;
+        world.barrier()?;
+    }
     let mut last = 0;
     let scores = cache.score_while(teacher, &sequences, |p| {
         if !p.reused {

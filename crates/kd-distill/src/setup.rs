@@ -122,16 +122,19 @@ pub(crate) fn worker_device(
     warnings: &mut Vec<String>,
 ) -> Result<Device> {
     match mapping.and_then(|m| m.0.first()) {
-        Some(gpu) if kd_model::gpus_available() => {
-            let device = parse_device(&gpu.to_string())?;
-            if mapping.is_some_and(|m| m.0.len() > 1) {
-                warnings.push(format!(
-                    "`{what}.device_mapping` names {} GPUs; this toolkit runs a worker on one \
-                     device: GPU {gpu} ({})",
-                    mapping.map_or(0, |m| m.0.len()),
-                    kd_model::describe(&device)
-                ));
-            }
+        Some(_) if kd_model::gpus_available() => {
+            // One data-parallel rank per listed GPU (mpirun -np N); alone, the first one.
+            let listed = mapping.map(|m| m.0.as_slice()).unwrap_or_default();
+            let devices = listed
+                .iter()
+                .map(|g| parse_device(&g.to_string()))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let (device, unused) = kd_pipeline::ranks::rank_device(
+                &format!("`{what}.device_mapping`"),
+                &devices,
+                kd_dist::world(),
+            )?;
+            warnings.extend(unused);
             Ok(device)
         }
         Some(_) => {
@@ -210,7 +213,7 @@ pub fn train_config(config: &DistillConfig) -> TrainConfig {
         max_grad_norm: t.max_grad_norm,
         train_batch_size: t.per_device_train_batch_size,
         gradient_accumulation_steps: t.gradient_accumulation_steps,
-        accumulation_shards: 1,
+        accumulation_shards: config.accumulation_shards,
         save_steps: config.save_steps,
         save_total_limit: (config.max_ckpt_to_keep > 0).then_some(config.max_ckpt_to_keep),
         save_epoch_checkpoints: false,

@@ -64,6 +64,9 @@ pub enum PipelineError {
     /// Data failed.
     #[error(transparent)]
     Data(#[from] kd_data::DataError),
+    /// The ranks of a data-parallel job could not work together.
+    #[error("data-parallel ranks: {0}")]
+    Dist(#[from] kd_dist::DistError),
 }
 
 /// Shorthand for results of the pipeline crates.
@@ -79,6 +82,14 @@ impl PipelineError {
             Self::Train(TrainError::Stopped { .. })
                 | Self::Teacher(kd_teacher::TeacherError::Stopped { .. })
         )
+    }
+
+    /// Whether every data-parallel rank stopped at the same point: training stops at the same
+    /// step on every rank (the ranks agree on it), while a teacher cache stops each rank after
+    /// its own shard. Ranks that stopped together can shut MPI down together
+    /// ([`kd_dist::exit_together`]); otherwise the job must be aborted ([`kd_dist::exit`]).
+    pub fn stopped_together(&self) -> bool {
+        matches!(self, Self::Train(TrainError::Stopped { .. }))
     }
 
     /// An I/O error on `path`.

@@ -8,6 +8,8 @@
 //! - [`models`]: model paths (Hugging Face directories or GGUF files), their configurations
 //!   and tokenizers, and [`vocab`]: whether two models share one vocabulary;
 //! - [`clear_run`]: an earlier run's files in an output directory;
+//! - [`ranks`]: data-parallel ranks ([`kd_dist::World`]): each rank's device from a device
+//!   list, and work shared between ranks in turn;
 //! - [`PipelineError`]: the error type of the pipeline crates.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -19,10 +21,11 @@ pub mod kd_term;
 pub mod models;
 pub mod on_policy;
 mod output_dir;
+pub mod ranks;
 mod stop;
 pub mod vocab;
 
 pub use error::{PipelineError, Result, error_report};
 pub use on_policy::{OnPolicy, OnPolicyConfig, OnPolicyData, OnPolicyTotals};
 pub use output_dir::{LOCK_FILE, RunLock, clear_run};
-pub use stop::{EXIT_STOPPED, StopSignals, continue_unless_stopped};
+pub use stop::{EXIT_STOPPED, QuietRank, StopSignals, continue_unless_stopped, exit_status};

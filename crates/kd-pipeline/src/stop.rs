@@ -70,3 +70,32 @@ pub fn continue_unless_stopped(observer: &mut dyn TrainObserver) -> ControlFlow<
         ControlFlow::Continue(())
     }
 }
+
+/// The observer of a data-parallel rank other than 0: it draws and prints nothing (rank 0
+/// reports the run) and relays this process's stop signals, so that a SIGTERM any rank
+/// receives stops every rank at the same step.
+#[derive(Debug, Clone)]
+pub struct QuietRank {
+    /// The signals relayed.
+    pub stop: StopSignals,
+}
+
+impl TrainObserver for QuietRank {
+    fn stop_requested(&mut self) -> bool {
+        self.stop.requested()
+    }
+}
+
+/// How a binary's run ends, as one rank of a data-parallel job or alone: `Ok` a success,
+/// `Err(Some(e))` a pipeline error, `Err(None)` any other failure. Shuts MPI down with the other
+/// ranks where they all reached the same point (a success, a training stop they agreed on), and
+/// otherwise aborts the job, since the others may be waiting for this rank. Returns the status to
+/// exit with: 0, [`EXIT_STOPPED`] for a stop on request, or 1.
+pub fn exit_status(outcome: std::result::Result<(), Option<&PipelineError>>) -> u8 {
+    match outcome {
+        Ok(()) => kd_dist::exit_together(0),
+        Err(Some(e)) if e.stopped_together() => kd_dist::exit_together(EXIT_STOPPED),
+        Err(Some(e)) if e.is_stopped() => kd_dist::exit(EXIT_STOPPED),
+        Err(_) => kd_dist::exit(1),
+    }
+}

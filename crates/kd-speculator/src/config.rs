@@ -32,6 +32,9 @@ pub struct SpeculatorConfig {
     pub train_batch_size: usize,
     /// Micro-batches per optimizer step.
     pub gradient_accumulation_steps: usize,
+    /// Shards each micro-batch is split into on this rank, their gradients summed: one process
+    /// with N shards trains exactly what N data-parallel ranks (`mpirun -np N`) train.
+    pub accumulation_shards: usize,
     /// Passes over the training data.
     pub num_epochs: usize,
     /// Peak learning rate.
@@ -185,6 +188,7 @@ impl Default for SpeculatorConfig {
             batch_size: 32,
             train_batch_size: 4,
             gradient_accumulation_steps: 4,
+            accumulation_shards: 1,
             num_epochs: 3,
             learning_rate: 2e-4,
             warmup_ratio: 0.03,
@@ -350,6 +354,7 @@ impl SpeculatorConfig {
                 "gradient_accumulation_steps",
                 self.gradient_accumulation_steps,
             ),
+            ("accumulation_shards", self.accumulation_shards),
             ("max_seq_length", self.max_seq_length),
             ("lora_r", self.lora_r),
             ("logging_steps", self.logging_steps),

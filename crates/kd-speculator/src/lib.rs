@@ -46,7 +46,7 @@ pub use data::{
     prompt_limit,
 };
 pub use error::{PipelineError, Result, error_report};
-pub use kd_pipeline::{EXIT_STOPPED, StopSignals};
+pub use kd_pipeline::{EXIT_STOPPED, QuietRank, StopSignals, exit_status};
 pub use loss::{SpeculatorLoss, TeacherTargets};
 pub use observe::{Phase, Quiet, SpeculatorObserver};
 pub use run::{SpeculatorSummary, run};

@@ -59,3 +59,6 @@ pub struct Quiet;
 
 impl TrainObserver for Quiet {}
 impl SpeculatorObserver for Quiet {}
+
+/// A data-parallel rank other than 0 reports nothing (it relays stop signals).
+impl SpeculatorObserver for kd_pipeline::QuietRank {}

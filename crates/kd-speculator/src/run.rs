@@ -74,12 +74,19 @@ pub fn run(
     // (as PEFT records it), not the snapshot directory it resolves to here.
     let base_model = config.draft_model.display().to_string();
     let config = &config.with_local_models()?;
+    // Across ranks (mpirun -np N), every rank runs every phase on its share; rank 0 alone
+    // writes the run's files and measures acceptance.
+    let world = kd_dist::world();
     let setup = setup(config)?;
     for w in &setup.warnings {
         warnings.push(observer, w.clone());
     }
     // Held until the run returns: a second run into the same directory is refused.
-    let _lock = prepare_output_dir(config)?;
+    let _lock = if world.is_root() {
+        Some(prepare_output_dir(config)?)
+    } else {
+        None
+    };
     let teacher = load_teacher(config, &setup)?;
     let draft_base = Llama::load(&config.draft_model, &setup.draft_device)?;
     if let Some(target) = teacher.target() {
@@ -106,10 +113,17 @@ pub fn run(
 
     let (draft, projection) = init_draft(config, &setup, &draft_base, scores.as_deref())?;
     let mut eval = Acceptance::new(config, &setup, &teacher, observer, &mut warnings);
-    let mut tb = TensorBoard::create(&config.output_dir.join("runs"))?;
-    if eval.file.is_some() {
+    let mut tb = if world.is_root() {
+        Some(TensorBoard::create(&config.output_dir.join("runs"))?)
+    } else {
+        eval.file = None;
+        None
+    };
+    if let Some(tb) = tb.as_mut()
+        && eval.file.is_some()
+    {
         observer.on_phase(Phase::EvalBefore);
-        eval.before(&draft, &mut tb, observer)?;
+        eval.before(&draft, tb, observer)?;
         timer.end(Phase::EvalBefore);
     }
 
@@ -128,9 +142,11 @@ pub fn run(
     })?;
     timer.end(Phase::Train);
 
-    if eval.file.is_some() {
+    if let Some(tb) = tb.as_mut()
+        && eval.file.is_some()
+    {
         observer.on_phase(Phase::EvalAfter);
-        eval.after(&trained, &mut tb, observer)?;
+        eval.after(&trained, tb, observer)?;
         timer.end(Phase::EvalAfter);
     }
 

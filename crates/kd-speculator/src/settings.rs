@@ -138,6 +138,7 @@ pub fn train_config(config: &SpeculatorConfig) -> TrainConfig {
         max_grad_norm: config.max_grad_norm,
         train_batch_size: config.train_batch_size,
         gradient_accumulation_steps: config.gradient_accumulation_steps,
+        accumulation_shards: config.accumulation_shards,
         save_steps: config.save_steps,
         save_total_limit: Some(config.save_total_limit),
         save_epoch_checkpoints: true,

@@ -11,6 +11,7 @@ use kd_model::{LlamaConfig, parse_device_list};
 use crate::config::SpeculatorConfig;
 use crate::data::{PromptSet, load_prompts, prompt_limit};
 use crate::error::{PipelineError, Result};
+use kd_pipeline::ranks::rank_device;
 use kd_pipeline::vocab::{VocabDifference, vocab_difference};
 use kd_train::checkpoint::step_checkpoints;
 
@@ -173,15 +174,19 @@ pub(crate) fn check_data_dir(data_dir: &Path) -> Result<()> {
 pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
     config.validate()?;
     let mut warnings = Vec::new();
-    let target_devices = devices("target_gpus", &config.target_gpus)?;
-    let draft_devices = devices("draft_gpus", &config.draft_gpus)?;
-    if draft_devices.len() > 1 {
-        warnings.push(format!(
-            "--draft_gpus names {} devices; training runs on the first one (multi-device \
-             training is not implemented yet)",
-            draft_devices.len()
-        ));
+    let world = kd_dist::world();
+    let mut target_devices = devices("target_gpus", &config.target_gpus)?;
+    // Alone, the target keeps a replica on each device; across ranks, each rank's target
+    // takes its own device, as the draft does.
+    if world.is_distributed() {
+        target_devices = vec![rank_device("--target_gpus", &target_devices, world)?.0];
     }
+    let (draft_device, unused) = rank_device(
+        "--draft_gpus",
+        &devices("draft_gpus", &config.draft_gpus)?,
+        world,
+    )?;
+    warnings.extend(unused);
     check_output_dir(config)?;
     let draft_config = model_config("draft_model", &config.draft_model)?;
     let draft_tokenizer = ChatTokenizer::from_dir(&config.draft_model)?
@@ -256,7 +261,7 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
     }
     Ok(Setup {
         target_devices,
-        draft_device: draft_devices[0].clone(),
+        draft_device,
         target_config,
         draft_config,
         tokenizer,

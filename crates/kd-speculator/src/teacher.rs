@@ -8,6 +8,7 @@ use kd_teacher::{
 };
 
 use kd_pipeline::continue_unless_stopped;
+use kd_pipeline::ranks::root_first;
 
 use crate::config::SpeculatorConfig;
 use crate::data::Examples;
@@ -34,19 +35,36 @@ pub(crate) fn generate_completions(
     let prompts: Vec<Prompt> = order.iter().map(|i| train_prompts[*i].clone()).collect();
     let cache_dir = teacher_cache_dir(config);
     let shard = config.batch_size * setup.target_devices.len().max(1);
-    let gen_cache = GenerationCache::open(
-        &cache_dir.join("generations"),
-        CacheManifest {
-            version: 1,
-            teacher: teacher.teacher().fingerprint(),
-            template: template_hash(setup.tokenizer.template().map(|t| t.identity()).as_deref()),
-            sampling: generation_params(config),
-            prompts: prompts_hash(&prompts),
-            count: prompts.len(),
-            shard_size: shard,
-        },
-    )?;
+    let manifest = CacheManifest {
+        version: 1,
+        teacher: teacher.teacher().fingerprint(),
+        template: template_hash(setup.tokenizer.template().map(|t| t.identity()).as_deref()),
+        sampling: generation_params(config),
+        prompts: prompts_hash(&prompts),
+        count: prompts.len(),
+        shard_size: shard,
+    };
+    let world = kd_dist::world();
+    let gen_cache = root_first(world, || {
+        Ok(GenerationCache::open(
+            &cache_dir.join("generations"),
+            manifest,
+        )?)
+    })?;
     let total = prompts.len();
+    // Across ranks, each makes its share of the shards, then every rank reads them all.
+    if world.is_distributed() {
+        gen_cache.generate_share_while(
+            teacher.teacher(),
+            &prompts,
+            (world.rank(), world.size()),
+            |p| {
+                observer.on_teacher_progress(Phase::Generate, &p, total);
+                continue_unless_stopped(observer)
+            },
+        )?;
+        world.barrier()?;
+    }
     let by_length = gen_cache.generate_while(teacher.teacher(), &prompts, |p| {
         observer.on_teacher_progress(Phase::Generate, &p, total);
         continue_unless_stopped(observer)
@@ -91,18 +109,34 @@ pub(crate) fn score(
             Vec::new()
         },
     };
-    let cache = ScoreCache::open(
-        &teacher_cache_dir(config).join("scores"),
-        ScoreCacheManifest {
-            version: 1,
-            teacher: teacher.teacher().fingerprint(),
-            options,
-            sequences: sequences_hash(&sequences),
-            count: sequences.len(),
-            shard_size: config.batch_size * setup.target_devices.len().max(1),
-        },
-    )?;
+    let manifest = ScoreCacheManifest {
+        version: 1,
+        teacher: teacher.teacher().fingerprint(),
+        options,
+        sequences: sequences_hash(&sequences),
+        count: sequences.len(),
+        shard_size: config.batch_size * setup.target_devices.len().max(1),
+    };
+    let world = kd_dist::world();
+    let cache = root_first(world, || {
+        Ok(ScoreCache::open(
+            &teacher_cache_dir(config).join("scores"),
+            manifest,
+        )?)
+    })?;
     let total = sequences.len();
+    if world.is_distributed() {
+        cache.score_share_while(
+            teacher.teacher(),
+            &sequences,
+            (world.rank(), world.size()),
+            |p| {
+                observer.on_teacher_progress(Phase::Score, &p, total);
+                continue_unless_stopped(observer)
+            },
+        )?;
+        world.barrier()?;
+    }
     Ok(cache.score_while(teacher.teacher(), &sequences, |p| {
         observer.on_teacher_progress(Phase::Score, &p, total);
         continue_unless_stopped(observer)

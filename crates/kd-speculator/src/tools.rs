@@ -398,8 +398,24 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
             100.0 * (per_layer * d.num_hidden_layers) as f64 / d.num_parameters() as f64
         ),
     );
-    let t = train_config(config);
-    let micro = p.train.len().div_ceil(t.train_batch_size);
+    let mut t = train_config(config);
+    // Across ranks the trainer splits each micro-batch N ways more.
+    let world = kd_dist::world();
+    t.accumulation_shards *= world.size();
+    if world.is_distributed() {
+        put(
+            "ranks",
+            format!(
+                "{} data-parallel ranks ({} on this machine), each on its share of every step",
+                world.size(),
+                world.local_size()
+            ),
+        );
+    }
+    let micro = p
+        .train
+        .len()
+        .div_ceil(t.train_batch_size * t.accumulation_shards);
     let steps = micro.div_ceil(t.gradient_accumulation_steps) * t.num_epochs;
     put(
         "training",

@@ -29,6 +29,9 @@
 #![forbid(unsafe_code)]
 
 pub use kd_data as data;
+/// Data-parallel ranks: call [`dist::init`] first in a program that `mpirun` may start; the
+/// trainer then trains as one rank of the job.
+pub use kd_dist as dist;
 pub use kd_distill as distill;
 pub use kd_eval as eval;
 pub use kd_lora as lora;

@@ -1,0 +1,82 @@
+//! Data-parallel ranks in the pipelines: which device a rank takes, and work that rank 0 must
+//! do before the others (creating a cache's manifest, an output directory).
+
+use burn::tensor::Device;
+use kd_dist::World;
+
+use crate::error::{PipelineError, Result};
+
+/// The device this rank runs on, from the devices `flag` names (`--draft_gpus 4,5,6,7`,
+/// `device_mapping`), and a warning when devices go unused:
+/// - one device: every rank takes it (`cpu`, or ranks sharing one GPU);
+/// - one rank per device on this machine: rank `local_rank` takes device `local_rank`;
+/// - a process alone with several devices: the first one, and a warning that says how to use
+///   them all (`mpirun -np N`);
+/// - otherwise (more ranks on this machine than devices, or fewer): an error.
+pub fn rank_device(
+    flag: &str,
+    devices: &[Device],
+    world: &World,
+) -> Result<(Device, Option<String>)> {
+    let Some(first) = devices.first() else {
+        return Err(PipelineError::Config(format!("{flag} names no device")));
+    };
+    if devices.len() == 1 {
+        return Ok((first.clone(), None));
+    }
+    if !world.is_distributed() {
+        return Ok((
+            first.clone(),
+            Some(format!(
+                "{flag} names {n} devices; this process runs on the first one. Launch one \
+                 data-parallel rank per device to use them all: `mpirun -np {n} …` (or \
+                 `srun --mpi=pmix -n {n} …`)",
+                n = devices.len()
+            )),
+        ));
+    }
+    if devices.len() == world.local_size() {
+        return Ok((devices[world.local_rank()].clone(), None));
+    }
+    Err(PipelineError::Config(format!(
+        "{flag} names {} devices but {} ranks run on this machine: name one device per rank \
+         on each machine (rank k on a machine takes device k), or one device for all of them",
+        devices.len(),
+        world.local_size()
+    )))
+}
+
+/// Runs `work` on rank 0 first and then, once it has returned, on the other ranks: what must
+/// exist before they look (a cache's manifest, an output directory). Alone: just `work`.
+pub fn root_first<T>(world: &World, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    if !world.is_distributed() {
+        return work();
+    }
+    if world.is_root() {
+        let out = work();
+        world.barrier()?;
+        out
+    } else {
+        world.barrier()?;
+        work()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alone_takes_the_first_device_and_says_how_to_use_the_rest() {
+        let world = World::alone();
+        let one = [Device::flex()];
+        let (d, w) = rank_device("--draft_gpus", &one, &world).unwrap();
+        assert!(d == Device::flex());
+        assert!(w.is_none());
+        let two = [Device::flex(), Device::flex()];
+        let (_, w) = rank_device("--draft_gpus", &two, &world).unwrap();
+        let w = w.unwrap();
+        assert!(w.contains("2 devices") && w.contains("mpirun -np 2"), "{w}");
+        assert!(rank_device("--draft_gpus", &[], &world).is_err());
+    }
+}
