@@ -76,10 +76,17 @@ fn run() -> Result<()> {
         Some(Command::Eval(e)) => {
             let config = e.config();
             let mut display = Display::new(kd_speculator::StopSignals::manual());
+            let root = kd_dist::world().is_root();
             let outcome = kd_speculator::eval(&config, |phase, done, total| {
-                display.eval_progress(phase, done, total)
+                if root {
+                    display.eval_progress(phase, done, total)
+                }
             })?;
             display.finish();
+            if !root {
+                // Rank 0 reports.
+                return Ok(());
+            }
             if let Some(w) = outcome.too_long.warning() {
                 eprintln!("warning: {w}");
             }

@@ -86,7 +86,11 @@ fn args(out: &Path, cache: &Path) -> Vec<String> {
         "--max_new_tokens",
         "16",
         "--eval_fraction",
-        "0",
+        "0.1",
+        "--eval_batch_size",
+        "2",
+        "--eval_max_new_tokens",
+        "12",
         "--logging_steps",
         "1",
         "--save_steps",
@@ -176,7 +180,8 @@ fn records(cache: &Path) -> BTreeSet<String> {
 /// 2 and 4 ranks against one process with as many shards: the same teacher cache (as a set
 /// of records), the same per-step losses and the same adapter within 1e-6 relative (the
 /// gradient sums are added in f64 in another order — each rank's shards, then the all-reduce —
-/// and rounded to f32 once; bitwise equal here); only rank 0 reports. Then rank 1 is SIGKILLed mid-run: the job ends with an
+/// and rounded to f32 once; bitwise equal here), the same acceptance counts before and after
+/// (the held-out prompts decoded in shares); only rank 0 reports. Then rank 1 is SIGKILLed mid-run: the job ends with an
 /// error within a minute (no rank hangs), and `--resume_from_checkpoint latest` continues to
 /// the bytes of the uninterrupted 2-rank run.
 #[test]
@@ -277,6 +282,35 @@ fn compare_ranks(dir: &Path, n: usize) {
     for (a, b) in l1.iter().zip(&l2) {
         assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{l1:?} vs {l2:?}");
     }
+    // Acceptance, decoded in shares (batch b on rank b mod n) and merged: the counts of one
+    // process (the wall times differ).
+    let acceptance = |out: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(out.join("acceptance.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let (a1, a2) = (acceptance(&one_out), acceptance(&ranks_out));
+    for when in ["before", "after"] {
+        for key in ["prompts", "tokens", "greedy_identical_rows"] {
+            assert_eq!(a1[when][key], a2[when][key], "{when}.{key}");
+        }
+        for key in [
+            "verify_steps",
+            "drafted",
+            "accepted",
+            "emitted",
+            "reached",
+            "accepted_at",
+            "alpha_sum",
+            "top1_agree",
+            "examined",
+        ] {
+            assert_eq!(
+                a1[when]["stats"][key], a2[when]["stats"][key],
+                "{when}.stats.{key}"
+            );
+        }
+    }
+    assert!(a1["after"]["prompts"].as_u64().unwrap() >= 3);
     let worst = max_relative_difference(&last(&one_out), &last(&ranks_out));
     assert!(
         worst <= 1e-6,

@@ -35,5 +35,7 @@ mod speculative;
 
 pub use eagle3::{Eagle3Stats, eagle3_generate};
 pub use error::{EvalError, Result};
-pub use report::{AcceptanceReport, EvalOptions, EvalPhase, evaluate, expected_length};
+pub use report::{
+    AcceptanceReport, EvalOptions, EvalPhase, evaluate, evaluate_across, expected_length,
+};
 pub use speculative::{SpecConfig, SpecOutput, SpecStats, check_pair, speculative_generate};

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use kd_dist::World;
 use kd_model::{Completion, GenerateOptions, Llama, SeededPrompt, stream_seed};
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +135,45 @@ pub fn evaluate(
     draft: &Llama,
     prompts: &[Vec<u32>],
     options: &EvalOptions,
+    progress: impl FnMut(EvalPhase, usize, usize),
+) -> Result<AcceptanceReport> {
+    evaluate_across(&World::alone(), target, draft, prompts, options, progress)
+}
+
+/// What one batch of prompts gave on the rank that decoded it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct BatchResult {
+    /// Its index among the batches of the prompt set.
+    batch: usize,
+    stats: SpecStats,
+    /// Tokens of the speculative completions, of the target's and of the draft's alone.
+    tokens: usize,
+    target_tokens: usize,
+    draft_tokens: usize,
+    /// Rows whose speculative output equals the target's plain greedy output.
+    identical: usize,
+}
+
+/// One rank's batches and the wall time of each phase.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct RankResult {
+    batches: Vec<BatchResult>,
+    speculative_seconds: f64,
+    target_seconds: f64,
+    draft_seconds: f64,
+}
+
+/// [`evaluate`] shared between the ranks of a data-parallel job, a collective: every rank of
+/// `world` calls it with the same arguments. Batch b of the prompts is decoded on rank
+/// b mod N (each batch as one process would decode it, so the counts are those of one
+/// process); every rank returns the merged report. Wall times are the slowest rank's, so the
+/// throughputs are the job's. `progress` counts this rank's prompts.
+pub fn evaluate_across(
+    world: &World,
+    target: &Llama,
+    draft: &Llama,
+    prompts: &[Vec<u32>],
+    options: &EvalOptions,
     mut progress: impl FnMut(EvalPhase, usize, usize),
 ) -> Result<AcceptanceReport> {
     check_pair(target, draft)?;
@@ -153,19 +193,29 @@ pub fn evaluate(
         .collect();
     let spec = &options.spec;
     let total = prompts.len();
+    let batches: Vec<&[SeededPrompt<'_>]> = seeded.chunks(options.batch_size).collect();
+    let mine: Vec<usize> = (0..batches.len())
+        .filter(|b| b % world.size() == world.rank())
+        .collect();
+    let my_total: usize = mine.iter().map(|b| batches[*b].len()).sum();
 
-    let mut stats = SpecStats::default();
-    let mut spec_out: Vec<Completion> = Vec::with_capacity(total);
+    let mut local = RankResult::default();
+    let mut spec_out: Vec<Vec<Completion>> = Vec::with_capacity(mine.len());
     let started = Instant::now();
-    for chunk in seeded.chunks(options.batch_size) {
-        let out = speculative_generate(target, draft, chunk, spec)?;
-        stats.merge(&out.stats);
-        spec_out.extend(out.completions);
-        progress(EvalPhase::Speculative, spec_out.len(), total);
+    let mut done = 0;
+    for b in &mine {
+        let out = speculative_generate(target, draft, batches[*b], spec)?;
+        done += batches[*b].len();
+        local.batches.push(BatchResult {
+            batch: *b,
+            tokens: out.completions.iter().map(|c| c.ids.len()).sum(),
+            stats: out.stats,
+            ..BatchResult::default()
+        });
+        spec_out.push(out.completions);
+        progress(EvalPhase::Speculative, done, my_total);
     }
-    let speculative_seconds = started.elapsed().as_secs_f64();
-    let tokens: usize = spec_out.iter().map(|c| c.ids.len()).sum();
-    let speculative_tps = tokens as f64 / speculative_seconds.max(1e-9);
+    local.speculative_seconds = started.elapsed().as_secs_f64();
 
     let plain = GenerateOptions {
         max_new_tokens: spec.max_new_tokens,
@@ -177,40 +227,88 @@ pub fn evaluate(
         },
         return_logprobs: false,
     };
-    let mut baseline = |model: &Llama, phase: EvalPhase| -> Result<(f64, Vec<Completion>)> {
-        let started = Instant::now();
-        let mut out = Vec::with_capacity(total);
-        for chunk in seeded.chunks(options.batch_size) {
-            out.extend(model.generate(chunk, &plain)?);
-            progress(phase, out.len(), total);
+    if options.baselines {
+        for (model, phase) in [(target, EvalPhase::Target), (draft, EvalPhase::Draft)] {
+            let started = Instant::now();
+            let mut done = 0;
+            for (i, b) in mine.iter().enumerate() {
+                let out = model.generate(batches[*b], &plain)?;
+                done += batches[*b].len();
+                let n: usize = out.iter().map(|c| c.ids.len()).sum();
+                let result = &mut local.batches[i];
+                if phase == EvalPhase::Target {
+                    result.target_tokens = n;
+                    result.identical = out
+                        .iter()
+                        .zip(&spec_out[i])
+                        .filter(|(a, b)| a.ids == b.ids)
+                        .count();
+                } else {
+                    result.draft_tokens = n;
+                }
+                progress(phase, done, my_total);
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            match phase {
+                EvalPhase::Target => local.target_seconds = seconds,
+                _ => local.draft_seconds = seconds,
+            }
         }
-        Ok((started.elapsed().as_secs_f64(), out))
-    };
+    }
+    let ranks = gather(world, local)?;
+    Ok(report(options, total, &ranks))
+}
+
+/// Every rank's results (alone: this one's).
+fn gather(world: &World, local: RankResult) -> Result<Vec<RankResult>> {
+    if !world.is_distributed() {
+        return Ok(vec![local]);
+    }
+    let bytes = serde_json::to_vec(&local).expect("results serialise");
+    let all = world
+        .all_gather_bytes(&bytes)
+        .map_err(|e| EvalError::Config(format!("gathering the ranks' results: {e}")))?;
+    all.iter()
+        .map(|b| {
+            serde_json::from_slice(b).map_err(|e| {
+                EvalError::Config(format!("a rank sent results this rank cannot read: {e}"))
+            })
+        })
+        .collect()
+}
+
+/// The report of every rank's batches, added in batch order as one process adds them.
+fn report(options: &EvalOptions, total: usize, ranks: &[RankResult]) -> AcceptanceReport {
+    let spec = &options.spec;
+    let mut batches: Vec<&BatchResult> = ranks.iter().flat_map(|r| &r.batches).collect();
+    batches.sort_by_key(|b| b.batch);
+    let mut stats = SpecStats::default();
+    for b in &batches {
+        stats.merge(&b.stats);
+    }
+    let sum = |f: fn(&BatchResult) -> usize| batches.iter().map(|b| f(b)).sum::<usize>();
+    let slowest = |f: fn(&RankResult) -> f64| ranks.iter().map(f).fold(0.0, f64::max);
+    let tokens = sum(|b| b.tokens);
+    let speculative_seconds = slowest(|r| r.speculative_seconds);
+    let speculative_tps = tokens as f64 / speculative_seconds.max(1e-9);
     let (mut target_seconds, mut target_tps, mut draft_tps, mut identical) =
         (None, None, None, None);
     if options.baselines {
-        let (secs, out) = baseline(target, EvalPhase::Target)?;
-        let n: usize = out.iter().map(|c| c.ids.len()).sum();
+        let secs = slowest(|r| r.target_seconds);
         target_seconds = Some(secs);
-        target_tps = Some(n as f64 / secs.max(1e-9));
+        target_tps = Some(sum(|b| b.target_tokens) as f64 / secs.max(1e-9));
         if spec.sampling.is_greedy() {
-            identical = Some(
-                out.iter()
-                    .zip(&spec_out)
-                    .filter(|(a, b)| a.ids == b.ids)
-                    .count(),
-            );
+            identical = Some(sum(|b| b.identical));
         }
-        let (secs, out) = baseline(draft, EvalPhase::Draft)?;
-        let n: usize = out.iter().map(|c| c.ids.len()).sum();
-        draft_tps = Some(n as f64 / secs.max(1e-9));
+        let secs = slowest(|r| r.draft_seconds);
+        draft_tps = Some(sum(|b| b.draft_tokens) as f64 / secs.max(1e-9));
     }
     let cost_ratio = options
         .cost_ratio
         .or_else(|| Some(target_tps? / draft_tps?));
     let k = spec.k;
     let alpha = stats.alpha();
-    Ok(AcceptanceReport {
+    AcceptanceReport {
         prompts: total,
         k,
         temperature: spec.sampling.temperature,
@@ -233,7 +331,7 @@ pub fn evaluate(
             .map(|c| stats.mean_accepted_length_with_bonus() / (k as f64 * c + 1.0)),
         greedy_identical_rows: identical,
         stats,
-    })
+    }
 }
 
 /// (1 − α^(k+1)) / (1 − α): tokens per verification when each draft is accepted

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kd_eval::{EvalOptions, evaluate};
+use kd_eval::{EvalOptions, evaluate_across};
 use kd_lora::derive_seed;
 use kd_loss::HiddenProjection;
 use kd_model::Llama;
@@ -113,17 +113,15 @@ pub fn run(
 
     let (draft, projection) = init_draft(config, &setup, &draft_base, scores.as_deref())?;
     let mut eval = Acceptance::new(config, &setup, &teacher, observer, &mut warnings);
+    // Every rank decodes its share of the held-out prompts; rank 0 writes the results.
     let mut tb = if world.is_root() {
         Some(TensorBoard::create(&config.output_dir.join("runs"))?)
     } else {
-        eval.file = None;
         None
     };
-    if let Some(tb) = tb.as_mut()
-        && eval.file.is_some()
-    {
+    if eval.file.is_some() {
         observer.on_phase(Phase::EvalBefore);
-        eval.before(&draft, tb, observer)?;
+        eval.before(&draft, tb.as_mut(), observer)?;
         timer.end(Phase::EvalBefore);
     }
 
@@ -142,11 +140,9 @@ pub fn run(
     })?;
     timer.end(Phase::Train);
 
-    if let Some(tb) = tb.as_mut()
-        && eval.file.is_some()
-    {
+    if eval.file.is_some() {
         observer.on_phase(Phase::EvalAfter);
-        eval.after(&trained, tb, observer)?;
+        eval.after(&trained, tb.as_mut(), observer)?;
         timer.end(Phase::EvalAfter);
     }
 
@@ -316,7 +312,7 @@ impl<'a> Acceptance<'a> {
     fn before(
         &mut self,
         draft: &Llama,
-        tb: &mut TensorBoard,
+        tb: Option<&mut TensorBoard>,
         observer: &mut dyn SpeculatorObserver,
     ) -> Result<()> {
         let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
@@ -328,7 +324,8 @@ impl<'a> Acceptance<'a> {
             Some(before) => before,
             None => {
                 let merged = draft.clone().merge_and_unload();
-                evaluate(
+                evaluate_across(
+                    kd_dist::world(),
                     target,
                     &merged,
                     &self.prompts,
@@ -338,8 +335,12 @@ impl<'a> Acceptance<'a> {
             }
         };
         observer.on_acceptance("before", &before);
+        file.before = Some(before.clone());
+        // Rank 0 writes (the only one with a TensorBoard).
+        let Some(tb) = tb else {
+            return Ok(());
+        };
         log_acceptance(tb, &before, 0)?;
-        file.before = Some(before);
         write_acceptance(&self.path, file)
     }
 
@@ -348,7 +349,7 @@ impl<'a> Acceptance<'a> {
     fn after(
         &mut self,
         trained: &TrainedDraft,
-        tb: &mut TensorBoard,
+        tb: Option<&mut TensorBoard>,
         observer: &mut dyn SpeculatorObserver,
     ) -> Result<()> {
         let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
@@ -356,7 +357,8 @@ impl<'a> Acceptance<'a> {
         };
         let summary = &trained.summary;
         let merged = trained.draft.clone().merge_and_unload();
-        let after = evaluate(
+        let after = evaluate_across(
+            kd_dist::world(),
             target,
             &merged,
             &self.prompts,
@@ -364,6 +366,11 @@ impl<'a> Acceptance<'a> {
             |phase, d, t| observer.on_eval_progress(phase, d, t),
         )?;
         observer.on_acceptance("after", &after);
+        // Rank 0 writes (the only one with a TensorBoard).
+        let Some(tb) = tb else {
+            file.after = Some(after);
+            return Ok(());
+        };
         log_acceptance(tb, &after, summary.global_step)?;
         for c in &trained.checkpoints {
             log_acceptance(tb, &c.report, c.step)?;

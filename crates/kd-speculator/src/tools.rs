@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use kd_data::{ChatTokenizer, OpenAiBatchSource, Sampling};
-use kd_eval::{AcceptanceReport, EvalOptions, EvalPhase, evaluate};
+use kd_eval::{AcceptanceReport, EvalOptions, EvalPhase, evaluate_across};
 use kd_model::{Llama, LlamaConfig, SaveDType, parse_device};
 use kd_pipeline::models::local_model;
 use kd_teacher::{LocalTeacher, ServeConfig, ServerHandle, model_fingerprint, spawn_server};
@@ -116,7 +116,15 @@ pub fn eval(
     if let Some(adapter) = &config.adapter {
         draft = draft.load_adapter(adapter)?.0.merge_and_unload();
     }
-    let report = evaluate(&target, &draft, &prompts, &config.options, &mut progress)?;
+    // Under mpirun, each rank decodes its share of the prompts; all return the merged report.
+    let report = evaluate_across(
+        kd_dist::world(),
+        &target,
+        &draft,
+        &prompts,
+        &config.options,
+        &mut progress,
+    )?;
     Ok(EvalOutcome { report, too_long })
 }
 
