@@ -346,3 +346,32 @@ fn rank_pid(out: &Path, rank: usize) -> Option<u32> {
     }
     None
 }
+
+/// Ranks that would train different runs (here rank 1 has another learning rate, as a
+/// machine with other settings or data would) are refused before the first step, naming the
+/// rank, and the job ends.
+#[test]
+fn ranks_that_plan_different_runs_are_refused() {
+    let Some(mut cmd) = kd_dist::local_mpirun(1) else {
+        if std::env::var("KD_REQUIRE_MPI").as_deref() == Ok("1") {
+            panic!("KD_REQUIRE_MPI=1 but no mpirun was found (install openmpi-bin)");
+        }
+        eprintln!("skipped: no mpirun here (install openmpi-bin to run this test)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let cache = dir.path().join("cache");
+    let a = args(&out, &cache);
+    let b = with(args(&out, &cache), "--learning_rate", "1e-3");
+    // Open MPI's MPMD form: one rank with each command line.
+    cmd.arg(env!("CARGO_BIN_EXE_speculator"))
+        .args(&a)
+        .args([":", "-np", "1", env!("CARGO_BIN_EXE_speculator")])
+        .args(&b);
+    let o = cmd.output().unwrap();
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("rank 1 plans another run than rank 0"), "{t}");
+    assert!(!out.join("checkpoint-1").exists(), "a step was trained");
+}

@@ -163,6 +163,9 @@ impl<'a, M: Trainable> Trainer<'a, M> {
             examples,
             data.as_ref().and_then(|d| d.fingerprint()),
         );
+        if world.is_distributed() {
+            reduce::check_same_run(world, &run.fingerprint, examples)?;
+        }
         let Resumed {
             model,
             mut optimizer,

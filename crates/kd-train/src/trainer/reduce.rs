@@ -338,3 +338,33 @@ impl ModuleVisitor for Fill<'_> {
             .register::<D>(slot.id, Tensor::<D>::from_data(data, &slot.device));
     }
 }
+
+/// Checks that every rank plans the same run as rank 0: the same settings (the run's
+/// fingerprint) and the same examples, token for token. Ranks that read different data (a
+/// file that differs between machines, a node without the shared data directory) would
+/// otherwise train on mismatched steps without a word.
+pub(crate) fn check_same_run(
+    world: &World,
+    fingerprint: &serde_json::Value,
+    examples: &[kd_data::Example],
+) -> Result<()> {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same value in every process of one build.
+    let mut h = std::hash::DefaultHasher::new();
+    fingerprint.to_string().hash(&mut h);
+    for e in examples {
+        e.input_ids.hash(&mut h);
+        e.labels.hash(&mut h);
+    }
+    let mine = h.finish().to_le_bytes();
+    let all = world.all_gather_bytes(&mine).map_err(dist)?;
+    match all.iter().position(|b| b != &all[0]) {
+        None => Ok(()),
+        Some(rank) => Err(TrainError::Config(format!(
+            "rank {rank} plans another run than rank 0: its settings or its {} training \
+             examples differ. Every rank must run the same program with the same settings on \
+             the same data (a data directory every machine sees)",
+            examples.len()
+        ))),
+    }
+}
