@@ -336,9 +336,15 @@ fn load_teacher(
                     let tc = kd_pipeline::models::model_config("teacher", dir)?;
                     check_same_family(student.config(), &tc, tokenizer, dir)?;
                 }
+                // Several servers: rank r talks to server r mod n.
+                let (url, fingerprint) = kd_pipeline::ranks::rank_url(
+                    config.teacher.url.as_deref().unwrap_or_default(),
+                    kd_dist::world(),
+                )?;
                 Box::new(RemoteTeacher::new(RemoteConfig {
-                    url: config.teacher.url.clone().unwrap_or_default(),
+                    url,
                     vocab_size: Some(vocab),
+                    fingerprint,
                     ..RemoteConfig::default()
                 })?)
             }

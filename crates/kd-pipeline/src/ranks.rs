@@ -62,6 +62,28 @@ pub fn root_first<T>(world: &World, work: impl FnOnce() -> Result<T>) -> Result<
     }
 }
 
+/// The teacher server this rank talks to, from `urls`: one URL, or a comma-separated list of
+/// which rank r takes entry r mod n (one server per node, say). With a list, the second value
+/// is the teachers' fingerprint for the caches: the whole list, so that every rank opens the
+/// same cache (the servers must serve the same model).
+pub fn rank_url(urls: &str, world: &World) -> Result<(String, Option<String>)> {
+    let list: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    match list.as_slice() {
+        [] => Err(PipelineError::Config(format!(
+            "the teacher URL {urls:?} names no server"
+        ))),
+        [one] => Ok((one.to_string(), None)),
+        many => Ok((
+            many[world.rank() % many.len()].to_string(),
+            Some(format!("remote servers {}", many.join(","))),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +100,21 @@ mod tests {
         let w = w.unwrap();
         assert!(w.contains("2 devices") && w.contains("mpirun -np 2"), "{w}");
         assert!(rank_device("--draft_gpus", &[], &world).is_err());
+    }
+
+    #[test]
+    fn a_list_of_teacher_urls_gives_each_rank_one() {
+        let world = World::alone();
+        assert_eq!(
+            rank_url("http://a:30000", &world).unwrap(),
+            ("http://a:30000".to_string(), None)
+        );
+        let (url, fingerprint) = rank_url("http://a:1, http://b:1", &world).unwrap();
+        assert_eq!(url, "http://a:1");
+        assert_eq!(
+            fingerprint.as_deref(),
+            Some("remote servers http://a:1,http://b:1")
+        );
+        assert!(rank_url(" , ", &world).is_err());
     }
 }

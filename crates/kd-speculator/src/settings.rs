@@ -44,20 +44,21 @@ impl TeacherBackend {
 
 pub(crate) fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBackend> {
     let dir = &config.target_model;
-    if let Some(url) = &config.teacher_url {
+    if let Some(urls) = &config.teacher_url {
+        // Several servers: rank r talks to server r mod n.
+        let (url, servers) = kd_pipeline::ranks::rank_url(urls, kd_dist::world())?;
         let remote = RemoteTeacher::new(RemoteConfig {
-            url: url.clone(),
+            url,
             api: config.teacher_api,
             model: config.teacher_model_name.clone(),
             vocab_size: Some(setup.draft_config.vocab_size),
             max_concurrency: config.teacher_max_concurrency,
             request_timeout_s: config.teacher_timeout_s,
             max_retries: config.teacher_max_retries,
-            fingerprint: setup
-                .target_config
-                .as_ref()
-                .map(|_| model_fingerprint(dir))
-                .transpose()?,
+            fingerprint: match setup.target_config {
+                Some(_) => Some(model_fingerprint(dir)?),
+                None => servers,
+            },
             ..RemoteConfig::default()
         })?;
         let local = match &setup.target_config {
