@@ -447,6 +447,10 @@ pub struct DistillConfig {
     /// summed; one process with N shards trains exactly what N data-parallel ranks
     /// (`mpirun -np N distill …`) train.
     pub accumulation_shards: usize,
+    /// Beyond ROLL: variables for the chat template, as vLLM's and SGLang's
+    /// `chat_template_kwargs` (e.g. Qwen3's `{enable_thinking: false}`); empty, the template's
+    /// own defaults apply, as in transformers.
+    pub chat_template_kwargs: std::collections::BTreeMap<String, serde_json::Value>,
     /// Beyond ROLL: remove an earlier run's checkpoints and logs from `output_dir` (and
     /// `logging_dir`) before starting; the teacher cache is kept.
     pub overwrite_output_dir: bool,
@@ -494,6 +498,7 @@ impl Default for DistillConfig {
             on_policy_max_new_tokens: 128,
             on_policy_match_length: false,
             accumulation_shards: 1,
+            chat_template_kwargs: Default::default(),
             overwrite_output_dir: false,
             student: WorkerConfig::default(),
             teacher: WorkerConfig::default(),

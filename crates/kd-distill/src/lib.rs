@@ -41,5 +41,7 @@ pub use error::{PipelineError, Result, error_report};
 pub use kd_pipeline::{EXIT_STOPPED, QuietRank, RunLock, StopSignals, exit_status};
 pub use load::{LoadedConfig, config_file, load, to_yaml};
 pub use loss::{DistillLoss, EvalSums, evaluate_batches};
-pub use run::{DistillObserver, DistillPhase, DistillSummary, QuietDistill, Validation, run};
+pub use run::{
+    DistillObserver, DistillPhase, DistillSummary, QuietDistill, Validation, run, run_tokenizer,
+};
 pub use setup::{TEMPLATE_NAMES, chat_tokenizer, lora_config, read_examples, train_config};

@@ -141,7 +141,7 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
         observer.on_warning(w);
     }
 
-    let tokenizer = chat_tokenizer(&student_dir, config.student.data_args.template.as_deref())?;
+    let tokenizer = run_tokenizer(config, &student_dir)?;
     let data = read_data(config, &tokenizer)?;
     for w in &data.warnings {
         observer.on_warning(w);
@@ -188,6 +188,15 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
         validations: trained.validations,
         warnings,
     })
+}
+
+/// The tokenizer a run renders its data with: the student's, with `data_args.template` and
+/// the template variables `chat_template_kwargs`.
+pub fn run_tokenizer(config: &DistillConfig, student_dir: &Path) -> Result<ChatTokenizer> {
+    Ok(
+        chat_tokenizer(student_dir, config.student.data_args.template.as_deref())?
+            .with_template_variables(&config.chat_template_kwargs)?,
+    )
 }
 
 /// Clears the output (and TensorBoard event files) when asked to; refuses a directory with an

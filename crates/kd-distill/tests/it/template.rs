@@ -63,3 +63,65 @@ fn qwen2_5_template_is_the_models_own_chatml() {
             .contains("enable_thinking")
     );
 }
+
+/// `chat_template_kwargs` (beyond ROLL's keys, as vLLM and SGLang take it) reaches the
+/// template: with `+chat_template_kwargs.enable_thinking=false` the run renders Qwen3's
+/// non-thinking turns as transformers' `apply_chat_template(..., enable_thinking=False)` does.
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("golden/qwen-chat-templates.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = fixtures().join("qwen2-tokenizer");
+    let yaml = fixtures().join("../examples/distill/demo.yaml");
+    let loaded = kd_distill::load(
+        Some(&yaml),
+        &["+chat_template_kwargs.enable_thinking=false".to_string()],
+    )
+    .unwrap();
+    assert_eq!(
+        loaded.config.chat_template_kwargs.get("enable_thinking"),
+        Some(&Value::Bool(false))
+    );
+    let off = kd_distill::run_tokenizer(&loaded.config, &dir).unwrap();
+    let default = kd_distill::chat_tokenizer(&dir, Some("native")).unwrap();
+    let mut compared = 0;
+    for case in golden["cases"].as_array().unwrap() {
+        if case["template"] != "Qwen-Qwen3-0.6B"
+            || case["extra"].as_object().map(|m| m.len()) != Some(1)
+            || case["extra"]["enable_thinking"] != Value::Bool(false)
+            || case.get("error").is_some()
+            // Text messages only (no reasoning_content, tools or other fields).
+            || !case["messages"].as_array().unwrap().iter().all(|m| {
+                m.as_object()
+                    .unwrap()
+                    .keys()
+                    .all(|k| k == "role" || k == "content")
+                    && m["content"].is_string()
+            })
+        {
+            continue;
+        }
+        let Ok(messages) =
+            serde_json::from_value::<Vec<kd_data::Message>>(case["messages"].clone())
+        else {
+            continue;
+        };
+        let agp = case["add_generation_prompt"].as_bool().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let name = case["name"].as_str().unwrap();
+        assert_eq!(off.encode_chat(&messages, agp).unwrap(), want, "{name}");
+        if agp {
+            // The empty think block is the variable's doing.
+            assert_ne!(default.encode_chat(&messages, agp).unwrap(), want, "{name}");
+        }
+        compared += 1;
+    }
+    assert!(compared >= 5, "{compared} cases compared");
+}
