@@ -248,7 +248,9 @@ pub fn init() -> Result<&'static World> {
     Ok(WORLD.get_or_init(|| w))
 }
 
-/// This process's world: the one [`init`] made, or alone when it was not called.
+/// This process's world: the one [`init`] made, or alone when it was not called. The world is
+/// fixed by whichever of the two runs first: a program that `mpirun` may start calls [`init`]
+/// before anything that reads the world (a trainer, a pipeline).
 pub fn world() -> &'static World {
     WORLD.get_or_init(World::alone)
 }
