@@ -123,11 +123,14 @@ pub struct DistillSummary {
 pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result<DistillSummary> {
     observer.on_phase(DistillPhase::Setup);
     config.validate()?;
-    let student_dir = config.student_path()?;
     // Across ranks (mpirun -np N), every rank runs every phase on its share; rank 0 alone
-    // writes the run's files and validates. Held until the run returns: a second run into the
-    // same directory is refused.
+    // writes the run's files and validates. Hub ids are downloaded by one rank per machine at
+    // a time, the others then find them in the cache.
     let world = kd_dist::world();
+    let (student_dir, teacher_dir) = kd_pipeline::ranks::local_turns(world, || {
+        Ok((config.student_path()?, config.teacher_path()?))
+    })?;
+    // Held until the run returns: a second run into the same directory is refused.
     let _lock = kd_pipeline::ranks::root_first(world, || {
         if world.is_root() {
             prepare_output_dir(config).map(Some)
@@ -149,7 +152,7 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
     warnings.extend(data.warnings.iter().cloned());
 
     let student = Llama::load(&student_dir, &student_device)?;
-    let teacher = load_teacher(config, &student, &tokenizer, &teacher_device)?;
+    let teacher = load_teacher(config, teacher_dir, (&student, &tokenizer), &teacher_device)?;
 
     observer.on_phase(DistillPhase::Score);
     let scores = score_data(
@@ -331,51 +334,49 @@ fn read_data(config: &DistillConfig, tokenizer: &ChatTokenizer) -> Result<Data> 
 /// (`logits_transfer_backend: ray`).
 fn load_teacher(
     config: &DistillConfig,
-    student: &Llama,
-    tokenizer: &ChatTokenizer,
+    teacher_dir: Option<PathBuf>,
+    (student, tokenizer): (&Llama, &ChatTokenizer),
     device: &Device,
 ) -> Result<Box<dyn Teacher>> {
     let vocab = student.config().vocab_size;
-    Ok(
-        match (&config.logits_transfer_backend, config.teacher_path()?) {
-            (TransferBackend::Ray, local) => {
-                if let Some(dir) = &local
-                    && kd_pipeline::models::is_local_model(dir)
-                {
-                    let tc = kd_pipeline::models::model_config("teacher", dir)?;
-                    check_same_family(student.config(), &tc, tokenizer, dir)?;
-                }
-                // Several servers: rank r talks to server r mod n.
-                let (url, fingerprint) = kd_pipeline::ranks::rank_url(
-                    config.teacher.url.as_deref().unwrap_or_default(),
-                    kd_dist::world(),
-                )?;
-                Box::new(RemoteTeacher::new(RemoteConfig {
-                    url,
-                    vocab_size: Some(vocab),
-                    fingerprint,
-                    ..RemoteConfig::default()
-                })?)
+    Ok(match (&config.logits_transfer_backend, teacher_dir) {
+        (TransferBackend::Ray, local) => {
+            if let Some(dir) = &local
+                && kd_pipeline::models::is_local_model(dir)
+            {
+                let tc = kd_pipeline::models::model_config("teacher", dir)?;
+                check_same_family(student.config(), &tc, tokenizer, dir)?;
             }
-            (_, None) => {
-                return Err(PipelineError::Config(
-                    "no teacher model: set `teacher_pretrain` (or \
+            // Several servers: rank r talks to server r mod n.
+            let (url, fingerprint) = kd_pipeline::ranks::rank_url(
+                config.teacher.url.as_deref().unwrap_or_default(),
+                kd_dist::world(),
+            )?;
+            Box::new(RemoteTeacher::new(RemoteConfig {
+                url,
+                vocab_size: Some(vocab),
+                fingerprint,
+                ..RemoteConfig::default()
+            })?)
+        }
+        (_, None) => {
+            return Err(PipelineError::Config(
+                "no teacher model: set `teacher_pretrain` (or \
                  `teacher.model_args.model_name_or_path`), or a teacher server with \
                  `logits_transfer_backend: ray` and `teacher.url`"
-                        .into(),
-                ));
-            }
-            (_, Some(dir)) => {
-                let model = Llama::load_for_inference(&dir, device)?;
-                check_same_family(student.config(), model.config(), tokenizer, &dir)?;
-                Box::new(LocalTeacher::new(
-                    model,
-                    config.teacher.infer_batch_size,
-                    model_fingerprint(&dir)?,
-                ))
-            }
-        },
-    )
+                    .into(),
+            ));
+        }
+        (_, Some(dir)) => {
+            let model = Llama::load_for_inference(&dir, device)?;
+            check_same_family(student.config(), model.config(), tokenizer, &dir)?;
+            Box::new(LocalTeacher::new(
+                model,
+                config.teacher.infer_batch_size,
+                model_fingerprint(&dir)?,
+            ))
+        }
+    })
 }
 
 /// What the training phase needs.

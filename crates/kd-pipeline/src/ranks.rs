@@ -62,6 +62,42 @@ pub fn root_first<T>(world: &World, work: impl FnOnce() -> Result<T>) -> Result<
     }
 }
 
+/// Runs `work` on one rank of each machine at a time — the ranks with local rank 0 first, then
+/// those with local rank 1, … — for work that fills a machine-local cache (a hub download into
+/// the Hugging Face cache): the first rank on each machine does it, the others find it done.
+/// Alone: just `work`. Every rank takes part in every turn, so an error on one waits for the
+/// turns to end and is then returned.
+pub fn local_turns<T>(world: &World, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    if !world.is_distributed() {
+        return work();
+    }
+    let sizes = world.all_gather_bytes(&(world.local_size() as u64).to_le_bytes())?;
+    let turns = sizes
+        .iter()
+        .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map(u64::from_le_bytes)
+        .max()
+        .unwrap_or(1);
+    let mut work = Some(work);
+    let mut out = None;
+    for turn in 0..turns {
+        if turn == world.local_rank() as u64
+            && let Some(w) = work.take()
+        {
+            out = Some(w());
+        }
+        world.barrier()?;
+    }
+    match (out, work) {
+        (Some(out), _) => out,
+        // A local rank past every machine's count cannot be; do the work rather than fail.
+        (None, Some(w)) => w(),
+        (None, None) => Err(PipelineError::Config(
+            "a rank neither did its turn's work nor kept it".into(),
+        )),
+    }
+}
+
 /// The teacher server this rank talks to, from `urls`: one URL, or a comma-separated list of
 /// which rank r takes entry r mod n (one server per node, say). With a list, the second value
 /// is the teachers' fingerprint for the caches: the whole list, so that every rank opens the

@@ -73,10 +73,10 @@ pub fn run(
     // The draft as the user named it: a hub id stays the adapters' `base_model_name_or_path`
     // (as PEFT records it), not the snapshot directory it resolves to here.
     let base_model = config.draft_model.display().to_string();
-    let config = &config.with_local_models()?;
     // Across ranks (mpirun -np N), every rank runs every phase on its share; rank 0 alone
-    // writes the run's files and measures acceptance.
+    // writes the run's files. Hub ids are downloaded by one rank per machine at a time.
     let world = kd_dist::world();
+    let config = &kd_pipeline::ranks::local_turns(world, || config.with_local_models())?;
     let setup = setup(config)?;
     for w in &setup.warnings {
         warnings.push(observer, w.clone());
