@@ -5,6 +5,27 @@ use serde_json::Value;
 
 use crate::fixtures;
 
+/// Whether a golden case's messages are plain text (role and content only).
+fn text_only(case: &Value) -> bool {
+    case["messages"].as_array().unwrap().iter().all(|m| {
+        m.as_object()
+            .unwrap()
+            .keys()
+            .all(|k| k == "role" || k == "content")
+            && m["content"].is_string()
+    })
+}
+
+/// A golden case's token ids.
+fn ids(case: &Value) -> Vec<u32> {
+    case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
 #[test]
 fn qwen2_5_template_is_the_models_own_chatml() {
     // fixtures/make_qwen_chat_template_golden.py: Qwen2.5-7B-Instruct's template through
@@ -20,14 +41,7 @@ fn qwen2_5_template_is_the_models_own_chatml() {
     let mut compared = 0;
     for case in golden["cases"].as_array().unwrap() {
         // Text messages only: no tool calls, no other fields.
-        let text_only = case["messages"].as_array().unwrap().iter().all(|m| {
-            m.as_object()
-                .unwrap()
-                .keys()
-                .all(|k| k == "role" || k == "content")
-                && m["content"].is_string()
-        });
-        let plain = text_only
+        let plain = text_only(case)
             && case["template"] == "Qwen-Qwen2.5-7B-Instruct"
             && case["extra"].as_object().is_some_and(|m| m.is_empty())
             && case.get("error").is_none()
@@ -42,12 +56,7 @@ fn qwen2_5_template_is_the_models_own_chatml() {
             continue;
         };
         let agp = case["add_generation_prompt"].as_bool().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want = ids(case);
         let name = case["name"].as_str().unwrap();
         assert_eq!(roll.encode_chat(&messages, agp).unwrap(), want, "{name}");
         compared += 1;
@@ -93,13 +102,7 @@ fn chat_template_kwargs_reach_the_template() {
             || case["extra"]["enable_thinking"] != Value::Bool(false)
             || case.get("error").is_some()
             // Text messages only (no reasoning_content, tools or other fields).
-            || !case["messages"].as_array().unwrap().iter().all(|m| {
-                m.as_object()
-                    .unwrap()
-                    .keys()
-                    .all(|k| k == "role" || k == "content")
-                    && m["content"].is_string()
-            })
+            || !text_only(case)
         {
             continue;
         }
@@ -109,12 +112,7 @@ fn chat_template_kwargs_reach_the_template() {
             continue;
         };
         let agp = case["add_generation_prompt"].as_bool().unwrap();
-        let want: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want = ids(case);
         let name = case["name"].as_str().unwrap();
         assert_eq!(off.encode_chat(&messages, agp).unwrap(), want, "{name}");
         if agp {
