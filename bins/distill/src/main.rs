@@ -8,6 +8,9 @@
 //! ```
 
 mod display;
+#[cfg(feature = "hub-download")]
+#[path = "../../common/download_bar.rs"]
+mod download_bar;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -58,6 +61,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Hub ids the cache lacks are downloaded with a progress bar (by the rank that fetches).
+    #[cfg(feature = "hub-download")]
+    kd_pipeline::hub::set_download_observer(Box::<download_bar::DownloadBar>::default());
     let result = run(cli);
     if let Err(e) = &result {
         eprintln!(

@@ -14,6 +14,9 @@
 
 mod args;
 mod display;
+#[cfg(feature = "hub-download")]
+#[path = "../../common/download_bar.rs"]
+mod download_bar;
 
 use std::process::ExitCode;
 
@@ -39,6 +42,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Hub ids the cache lacks are downloaded with a progress bar (by the rank that fetches).
+    #[cfg(feature = "hub-download")]
+    kd_pipeline::hub::set_download_observer(Box::<download_bar::DownloadBar>::default());
     let result = run();
     if let Err(e) = &result {
         eprintln!(

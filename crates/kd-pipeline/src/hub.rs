@@ -3,9 +3,11 @@
 //! transformers, find them offline.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
+use hf_hub::api::Progress;
 use hf_hub::api::sync::ApiBuilder;
-use hf_hub::{Repo, RepoType};
+use hf_hub::{Cache, Repo, RepoType};
 
 use crate::error::{PipelineError, Result};
 
@@ -28,6 +30,60 @@ impl Endpoint {
             url: var("HF_ENDPOINT"),
             token: var("HF_TOKEN"),
         }
+    }
+}
+
+/// Progress of a download (a model can be many gigabytes): each file the cache lacks as it
+/// starts, its bytes as they arrive, and its end. Every method has an empty default.
+pub trait DownloadObserver: Send {
+    /// File `index` (0-based) of the `files` to fetch of `id` starts: `bytes` long.
+    fn on_file(&mut self, _id: &str, _file: &str, (_index, _files): (usize, usize), _bytes: u64) {}
+    /// `bytes` more of the current file arrived.
+    fn on_bytes(&mut self, _bytes: u64) {}
+    /// The current file is complete.
+    fn on_file_done(&mut self) {}
+}
+
+/// Reports nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoDownloadProgress;
+
+impl DownloadObserver for NoDownloadProgress {}
+
+static OBSERVER: Mutex<Option<Box<dyn DownloadObserver>>> = Mutex::new(None);
+
+/// The observer of the downloads that resolving a model path starts anywhere in this process
+/// ([`crate::models::local_model`], deep inside both pipelines): a binary sets its progress
+/// display here once. Without one, downloads report nothing.
+pub fn set_download_observer(observer: Box<dyn DownloadObserver>) {
+    *OBSERVER.lock().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+}
+
+/// hf-hub's progress callbacks, relayed to a [`DownloadObserver`].
+struct Relay<'a> {
+    observer: &'a mut dyn DownloadObserver,
+    id: &'a str,
+    index: usize,
+    files: usize,
+    /// hf-hub 0.4 calls `init` twice per file; the observer hears of it once.
+    started: bool,
+}
+
+impl Progress for Relay<'_> {
+    fn init(&mut self, size: usize, filename: &str) {
+        if !self.started {
+            self.started = true;
+            self.observer
+                .on_file(self.id, filename, (self.index, self.files), size as u64);
+        }
+    }
+
+    fn update(&mut self, size: usize) {
+        self.observer.on_bytes(size as u64);
+    }
+
+    fn finish(&mut self) {
+        self.observer.on_file_done();
     }
 }
 
@@ -56,8 +112,23 @@ fn wanted(file: &str) -> bool {
 /// Downloads the files a model load reads of the hub id `id` (`org/name[@revision]`) into
 /// the Hugging Face cache `cache`, and returns its snapshot directory (what
 /// [`kd_model::resolve_model_path`] then finds offline). Files already in the cache at that
-/// revision are not downloaded again.
+/// revision are not downloaded again. Progress goes to the observer
+/// [`set_download_observer`] set, if any.
 pub fn download_model(id: &str, cache: &Path, endpoint: &Endpoint) -> Result<PathBuf> {
+    let mut global = OBSERVER.lock().unwrap_or_else(|p| p.into_inner());
+    match global.as_deref_mut() {
+        Some(observer) => download_model_with(id, cache, endpoint, observer),
+        None => download_model_with(id, cache, endpoint, &mut NoDownloadProgress),
+    }
+}
+
+/// [`download_model`], with progress told to `observer` (only the files the cache lacks).
+pub fn download_model_with(
+    id: &str,
+    cache: &Path,
+    endpoint: &Endpoint,
+    observer: &mut dyn DownloadObserver,
+) -> Result<PathBuf> {
     let err = |message: String| PipelineError::Download {
         id: id.to_string(),
         message,
@@ -82,11 +153,12 @@ pub fn download_model(id: &str, cache: &Path, endpoint: &Endpoint) -> Result<Pat
         builder = builder.with_token(endpoint.token.clone());
     }
     let api = builder.build().map_err(|e| err(e.to_string()))?;
-    let repo = api.repo(Repo::with_revision(
+    let repo_id = Repo::with_revision(
         format!("{org}/{name}"),
         RepoType::Model,
         revision.to_string(),
-    ));
+    );
+    let repo = api.repo(repo_id.clone());
     let info = repo.info().map_err(|e| {
         err(format!(
             "{e}; check the id and the network (HF_ENDPOINT), log in for gated models (HF_TOKEN), \
@@ -115,9 +187,28 @@ pub fn download_model(id: &str, cache: &Path, endpoint: &Endpoint) -> Result<Pat
             )
         }));
     }
+    let cached = Cache::new(cache.to_path_buf()).repo(repo_id);
+    let missing: Vec<&str> = files
+        .iter()
+        .copied()
+        .filter(|f| cached.get(f).is_none())
+        .collect();
     let mut snapshot = None;
     for f in &files {
-        let path = repo.get(f).map_err(|e| err(format!("{f}: {e}")))?;
+        let path = match missing.iter().position(|m| m == f) {
+            None => repo.get(f),
+            Some(index) => repo.download_with_progress(
+                f,
+                Relay {
+                    observer: &mut *observer,
+                    id,
+                    index,
+                    files: missing.len(),
+                    started: false,
+                },
+            ),
+        }
+        .map_err(|e| err(format!("{f}: {e}")))?;
         if *f == "config.json" {
             snapshot = path.parent().map(Path::to_path_buf);
         }

@@ -10,7 +10,27 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use kd_pipeline::hub::{Endpoint, download_model};
+use kd_pipeline::hub::{DownloadObserver, Endpoint, download_model, download_model_with};
+
+/// Records what a download reports.
+#[derive(Default)]
+struct Recorder {
+    /// (file, index, files, announced bytes, bytes that arrived, finished)
+    files: Vec<(String, usize, usize, u64, u64, bool)>,
+}
+
+impl DownloadObserver for Recorder {
+    fn on_file(&mut self, _id: &str, file: &str, (index, files): (usize, usize), bytes: u64) {
+        self.files
+            .push((file.to_string(), index, files, bytes, 0, false));
+    }
+    fn on_bytes(&mut self, bytes: u64) {
+        self.files.last_mut().unwrap().4 += bytes;
+    }
+    fn on_file_done(&mut self) {
+        self.files.last_mut().unwrap().5 = true;
+    }
+}
 
 const COMMIT: &str = "00112233445566778899aabbccddeeff00112233";
 
@@ -125,7 +145,25 @@ fn a_hub_id_is_downloaded_into_the_cache_layout_and_found_offline() {
         url: Some(url),
         token: None,
     };
-    let snapshot = download_model("tiny-org/tiny-qwen3", cache.path(), &endpoint).unwrap();
+    let mut progress = Recorder::default();
+    let snapshot = download_model_with(
+        "tiny-org/tiny-qwen3",
+        cache.path(),
+        &endpoint,
+        &mut progress,
+    )
+    .unwrap();
+    // Progress: each fetched file announced with its size, its bytes counted, and finished.
+    let names: Vec<&str> = progress.files.iter().map(|f| f.0.as_str()).collect();
+    assert!(
+        names.contains(&"config.json") && names.contains(&"model.safetensors"),
+        "{names:?}"
+    );
+    for (i, (file, index, files, announced, arrived, done)) in progress.files.iter().enumerate() {
+        let size = std::fs::metadata(model_dir().join(file)).unwrap().len();
+        assert_eq!((*index, *files), (i, progress.files.len()), "{file}");
+        assert_eq!((*announced, *arrived, *done), (size, size, true), "{file}");
+    }
     let repo = cache.path().join("models--tiny-org--tiny-qwen3");
     assert_eq!(snapshot, repo.join("snapshots").join(COMMIT));
     assert_eq!(
@@ -159,7 +197,15 @@ fn a_hub_id_is_downloaded_into_the_cache_layout_and_found_offline() {
 
     // Asked again: the cached files are not downloaded again.
     let before = log.lock().unwrap().len();
-    download_model("tiny-org/tiny-qwen3", cache.path(), &endpoint).unwrap();
+    let mut progress = Recorder::default();
+    download_model_with(
+        "tiny-org/tiny-qwen3",
+        cache.path(),
+        &endpoint,
+        &mut progress,
+    )
+    .unwrap();
+    assert!(progress.files.is_empty(), "{:?}", progress.files);
     let again: Vec<String> = log.lock().unwrap()[before..].to_vec();
     assert!(
         again.iter().all(|p| p.starts_with("/api/")),
