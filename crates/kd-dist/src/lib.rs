@@ -161,6 +161,26 @@ impl World {
         Ok(v[0] > 0.0)
     }
 
+    /// Runs `work` on rank 0 first and then, once it has returned, on the other ranks (a
+    /// collective): for what must exist before they look — a cache's manifest, an output
+    /// directory. Alone: just `work`.
+    pub fn root_first<T, E: From<DistError>>(
+        &self,
+        work: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        if !self.is_distributed() {
+            return work();
+        }
+        if self.is_root() {
+            let out = work();
+            self.barrier()?;
+            out
+        } else {
+            self.barrier()?;
+            work()
+        }
+    }
+
     /// Waits until every rank reaches this point.
     pub fn barrier(&self) -> Result<()> {
         match &self.mpi {

@@ -131,7 +131,7 @@ pub fn run(config: &DistillConfig, observer: &mut dyn DistillObserver) -> Result
         Ok((config.student_path()?, config.teacher_path()?))
     })?;
     // Held until the run returns: a second run into the same directory is refused.
-    let _lock = kd_pipeline::ranks::root_first(world, || {
+    let _lock = world.root_first(|| {
         if world.is_root() {
             prepare_output_dir(config).map(Some)
         } else {

@@ -9,7 +9,6 @@ use kd_data::Example;
 use kd_teacher::{ScoreCache, ScoreCacheManifest, ScoreOptions, Scores, Teacher, sequences_hash};
 
 use kd_pipeline::continue_unless_stopped;
-use kd_pipeline::ranks::root_first;
 
 use crate::config::DistillConfig;
 use crate::error::Result;
@@ -33,23 +32,17 @@ fn score_all(
         count: sequences.len(),
         shard_size: shard,
     };
-    let world = kd_dist::world();
-    let cache = root_first(world, || Ok(ScoreCache::open(dir, manifest)?))?;
-    let total = sequences.len();
     // Across ranks, each scores its share of the shards; then every rank reads them all.
-    if world.is_distributed() {
-        let mut last = 0;
-        cache.score_share_while(teacher, &sequences, (world.rank(), world.size()), |p| {
-            if !p.reused {
-                *scored += p.prompts_done - last;
-            }
-            last = p.prompts_done;
-            progress(p.prompts_done, total)
-        })?;
-        world.barrier()?;
-    }
+    let world = kd_dist::world();
+    let cache = ScoreCache::open_across(world, dir, manifest)?;
+    let total = sequences.len();
+    // Counts only what this rank scored (a pass over a cached shard, as the second pass across
+    // ranks is, scores nothing).
     let mut last = 0;
-    let scores = cache.score_while(teacher, &sequences, |p| {
+    let scores = cache.score_across(world, teacher, &sequences, |p| {
+        if p.prompts_done < last {
+            last = 0;
+        }
         if !p.reused {
             *scored += p.prompts_done - last;
         }

@@ -1,5 +1,5 @@
-//! Data-parallel ranks in the pipelines: which device a rank takes, and work that rank 0 must
-//! do before the others (creating a cache's manifest, an output directory).
+//! Data-parallel ranks in the pipelines: which device and which teacher server a rank takes,
+//! and work done by one rank per machine at a time (hub downloads into a machine's cache).
 
 use burn::tensor::Device;
 use kd_dist::World;
@@ -44,22 +44,6 @@ pub fn rank_device(
         devices.len(),
         world.local_size()
     )))
-}
-
-/// Runs `work` on rank 0 first and then, once it has returned, on the other ranks: what must
-/// exist before they look (a cache's manifest, an output directory). Alone: just `work`.
-pub fn root_first<T>(world: &World, work: impl FnOnce() -> Result<T>) -> Result<T> {
-    if !world.is_distributed() {
-        return work();
-    }
-    if world.is_root() {
-        let out = work();
-        world.barrier()?;
-        out
-    } else {
-        world.barrier()?;
-        work()
-    }
 }
 
 /// Runs `work` on one rank of each machine at a time — the ranks with local rank 0 first, then

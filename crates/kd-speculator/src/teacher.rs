@@ -8,7 +8,6 @@ use kd_teacher::{
 };
 
 use kd_pipeline::continue_unless_stopped;
-use kd_pipeline::ranks::root_first;
 
 use crate::config::SpeculatorConfig;
 use crate::data::Examples;
@@ -44,28 +43,11 @@ pub(crate) fn generate_completions(
         count: prompts.len(),
         shard_size: shard,
     };
-    let world = kd_dist::world();
-    let gen_cache = root_first(world, || {
-        Ok(GenerationCache::open(
-            &cache_dir.join("generations"),
-            manifest,
-        )?)
-    })?;
-    let total = prompts.len();
     // Across ranks, each makes its share of the shards, then every rank reads them all.
-    if world.is_distributed() {
-        gen_cache.generate_share_while(
-            teacher.teacher(),
-            &prompts,
-            (world.rank(), world.size()),
-            |p| {
-                observer.on_teacher_progress(Phase::Generate, &p, total);
-                continue_unless_stopped(observer)
-            },
-        )?;
-        world.barrier()?;
-    }
-    let by_length = gen_cache.generate_while(teacher.teacher(), &prompts, |p| {
+    let world = kd_dist::world();
+    let gen_cache = GenerationCache::open_across(world, &cache_dir.join("generations"), manifest)?;
+    let total = prompts.len();
+    let by_length = gen_cache.generate_across(world, teacher.teacher(), &prompts, |p| {
         observer.on_teacher_progress(Phase::Generate, &p, total);
         continue_unless_stopped(observer)
     })?;
@@ -118,27 +100,13 @@ pub(crate) fn score(
         shard_size: config.batch_size * setup.target_devices.len().max(1),
     };
     let world = kd_dist::world();
-    let cache = root_first(world, || {
-        Ok(ScoreCache::open(
-            &teacher_cache_dir(config).join("scores"),
-            manifest,
-        )?)
-    })?;
+    let cache =
+        ScoreCache::open_across(world, &teacher_cache_dir(config).join("scores"), manifest)?;
     let total = sequences.len();
-    if world.is_distributed() {
-        cache.score_share_while(
-            teacher.teacher(),
-            &sequences,
-            (world.rank(), world.size()),
-            |p| {
-                observer.on_teacher_progress(Phase::Score, &p, total);
-                continue_unless_stopped(observer)
-            },
-        )?;
-        world.barrier()?;
-    }
-    Ok(cache.score_while(teacher.teacher(), &sequences, |p| {
-        observer.on_teacher_progress(Phase::Score, &p, total);
-        continue_unless_stopped(observer)
-    })?)
+    Ok(
+        cache.score_across(world, teacher.teacher(), &sequences, |p| {
+            observer.on_teacher_progress(Phase::Score, &p, total);
+            continue_unless_stopped(observer)
+        })?,
+    )
 }

@@ -77,6 +77,9 @@ pub enum TeacherError {
     /// The tokenizer failed.
     #[error(transparent)]
     Data(#[from] kd_data::DataError),
+    /// Data-parallel ranks sharing a cache could not work together.
+    #[error("data-parallel ranks: {0}")]
+    Dist(#[from] kd_dist::DistError),
 }
 
 /// Shorthand for results of this crate.

@@ -7,6 +7,7 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
+use kd_dist::World;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -245,6 +246,35 @@ impl GenerationCache {
         progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
     ) -> Result<Vec<Generation>> {
         self.generate_share_while(teacher, prompts, (0, 1), progress)
+    }
+
+    /// [`open`](Self::open) by every rank of `world`, a collective: rank 0 first (it writes
+    /// the manifest), then the others (they check it).
+    pub fn open_across(world: &World, dir: &Path, manifest: CacheManifest) -> Result<Self> {
+        world.root_first(|| Self::open(dir, manifest))
+    }
+
+    /// [`generate_while`](Self::generate_while) by every rank of `world`, a collective: each
+    /// rank makes its share of the shards ([`generate_share_while`](Self::generate_share_while)),
+    /// waits for the others, then reads them all. `progress` hears of both passes. Alone: just
+    /// [`generate_while`](Self::generate_while).
+    pub fn generate_across(
+        &self,
+        world: &World,
+        teacher: &dyn Teacher,
+        prompts: &[Prompt],
+        mut progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
+    ) -> Result<Vec<Generation>> {
+        if world.is_distributed() {
+            self.generate_share_while(
+                teacher,
+                prompts,
+                (world.rank(), world.size()),
+                &mut progress,
+            )?;
+            world.barrier()?;
+        }
+        self.generate_while(teacher, prompts, progress)
     }
 
     /// [`generate_while`](Self::generate_while) for one of `ranks` processes sharing the

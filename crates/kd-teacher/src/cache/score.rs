@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use sha2::{Digest, Sha256};
 
+use kd_dist::World;
+
 use super::{CacheProgress, open_manifest, stop_after, write_atomic};
 use crate::error::{Result, TeacherError};
 use crate::local::Teacher;
@@ -88,6 +90,34 @@ impl ScoreCache {
         progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
     ) -> Result<Vec<Scores>> {
         self.score_share_while(teacher, sequences, (0, 1), progress)
+    }
+
+    /// [`open`](Self::open) by every rank of `world`, a collective: rank 0 first, as
+    /// [`GenerationCache::open_across`].
+    pub fn open_across(world: &World, dir: &Path, manifest: ScoreCacheManifest) -> Result<Self> {
+        world.root_first(|| Self::open(dir, manifest))
+    }
+
+    /// [`score_while`](Self::score_while) by every rank of `world`, a collective: each rank
+    /// scores its share, waits for the others, then reads them all, as
+    /// [`GenerationCache::generate_across`].
+    pub fn score_across(
+        &self,
+        world: &World,
+        teacher: &dyn Teacher,
+        sequences: &[Vec<u32>],
+        mut progress: impl FnMut(CacheProgress) -> ControlFlow<()>,
+    ) -> Result<Vec<Scores>> {
+        if world.is_distributed() {
+            self.score_share_while(
+                teacher,
+                sequences,
+                (world.rank(), world.size()),
+                &mut progress,
+            )?;
+            world.barrier()?;
+        }
+        self.score_while(teacher, sequences, progress)
     }
 
     /// [`score_while`](Self::score_while) for rank `rank` of `ranks` processes sharing the
