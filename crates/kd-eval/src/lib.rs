@@ -6,6 +6,8 @@
 //!   adds its own token. Greedy output equals the target's greedy output; sampled output
 //!   follows the target's sampling distribution. Batched (rows finish independently) and
 //!   seeded per prompt.
+//! - [`Drafter`]: what the loop asks of a draft, implemented by a Llama (the LoRA draft) and
+//!   by [`Eagle3Drafter`] (an EAGLE-3 draft reading the target's features).
 //! - [`evaluate`]: an [`AcceptanceReport`] over a prompt set — acceptance rate, mean accepted
 //!   length (without and with the bonus token), per-position acceptance, α = E[Σ min(p, q)],
 //!   top-1 agreement, wall-clock speedup over the target alone on this machine, and the
@@ -28,14 +30,14 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod eagle3;
+mod draft;
 mod error;
 mod report;
 mod speculative;
 
-pub use eagle3::{Eagle3Stats, eagle3_generate};
+pub use draft::{DraftSession, Drafter, Eagle3Drafter, Prefill, RowOutcome, check_pair};
 pub use error::{EvalError, Result};
 pub use report::{
     AcceptanceReport, EvalOptions, EvalPhase, evaluate, evaluate_across, expected_length,
 };
-pub use speculative::{SpecConfig, SpecOutput, SpecStats, check_pair, speculative_generate};
+pub use speculative::{SpecConfig, SpecOutput, SpecStats, speculative_generate};

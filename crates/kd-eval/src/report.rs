@@ -8,8 +8,9 @@ use kd_dist::World;
 use kd_model::{Completion, GenerateOptions, Llama, SeededPrompt, stream_seed};
 use serde::{Deserialize, Serialize};
 
+use crate::draft::Drafter;
 use crate::error::{EvalError, Result};
-use crate::speculative::{SpecConfig, SpecStats, check_pair, speculative_generate};
+use crate::speculative::{SpecConfig, SpecStats, speculative_generate};
 
 /// What [`evaluate`] measures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,9 +131,12 @@ pub enum EvalPhase {
 
 /// Measures how well `draft` serves `target` on `prompts` (token ids, prompt `i` seeded
 /// with `stream_seed(seed, i)`); `progress(phase, prompts_done, prompts)` after each batch.
-pub fn evaluate(
+/// The draft is a Llama or an EAGLE-3 draft ([`Drafter`]); one that cannot decode alone
+/// (EAGLE-3) has its cost measured inside speculative decoding instead (its draft passes per
+/// drafted token).
+pub fn evaluate<D: Drafter + ?Sized>(
     target: &Llama,
-    draft: &Llama,
+    draft: &D,
     prompts: &[Vec<u32>],
     options: &EvalOptions,
     progress: impl FnMut(EvalPhase, usize, usize),
@@ -168,15 +172,15 @@ struct RankResult {
 /// b mod N (each batch as one process would decode it, so the counts are those of one
 /// process); every rank returns the merged report. Wall times are the slowest rank's, so the
 /// throughputs are the job's. `progress` counts this rank's prompts.
-pub fn evaluate_across(
+pub fn evaluate_across<D: Drafter + ?Sized>(
     world: &World,
     target: &Llama,
-    draft: &Llama,
+    draft: &D,
     prompts: &[Vec<u32>],
     options: &EvalOptions,
     mut progress: impl FnMut(EvalPhase, usize, usize),
 ) -> Result<AcceptanceReport> {
-    check_pair(target, draft)?;
+    draft.check_target(target)?;
     if prompts.is_empty() {
         return Err(EvalError::Config("no prompts to evaluate on".into()));
     }
@@ -228,7 +232,18 @@ pub fn evaluate_across(
         return_logprobs: false,
     };
     if options.baselines {
-        for (model, phase) in [(target, EvalPhase::Target), (draft, EvalPhase::Draft)] {
+        let mut models = vec![(target, EvalPhase::Target)];
+        match draft.standalone() {
+            Some(d) => models.push((d, EvalPhase::Draft)),
+            // The draft's own passes inside speculative decoding, per drafted token.
+            None => {
+                for result in &mut local.batches {
+                    result.draft_tokens = result.stats.drafted;
+                }
+                local.draft_seconds = local.batches.iter().map(|b| b.stats.draft_seconds).sum();
+            }
+        }
+        for (model, phase) in models {
             let started = Instant::now();
             let mut done = 0;
             for (i, b) in mine.iter().enumerate() {

@@ -12,15 +12,17 @@
 
 use std::time::Instant;
 
+use burn::tensor::{Int, Tensor, TensorData};
 use kd_model::sampling::{argmax, distribution, sample_from};
 use kd_model::{
-    Completion, FinishReason, ForwardOptions, KvCache, Llama, PaddingSide, Sampling, SeededPrompt,
-    TokenBatch, to_host,
+    Completion, FinishReason, ForwardOptions, HiddenStates, Llama, PaddingSide, Sampling,
+    SeededPrompt, TokenBatch, to_host,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::draft::{Drafter, Prefill, RowOutcome, real_lengths};
 use crate::error::{EvalError, Result};
 
 /// What [`speculative_generate`] does.
@@ -174,19 +176,6 @@ pub struct SpecOutput {
     pub stats: SpecStats,
 }
 
-/// Checks that a draft can serve a target: same vocabulary size. (Whether the two
-/// tokenizers map ids to the same strings is the caller's to check.)
-pub fn check_pair(target: &Llama, draft: &Llama) -> Result<()> {
-    let (t, d) = (target.config().vocab_size, draft.config().vocab_size);
-    if t != d {
-        return Err(EvalError::VocabMismatch {
-            target: t,
-            draft: d,
-        });
-    }
-    Ok(())
-}
-
 /// A row being decoded.
 struct Row {
     /// Index into the outputs.
@@ -195,19 +184,57 @@ struct Row {
     /// Tokens the target has not been fed yet (the whole prompt at first, then the last
     /// token).
     target_pending: Vec<u32>,
-    /// Tokens the draft has not been fed yet.
-    draft_pending: Vec<u32>,
+}
+
+/// The next token from logits `z`: the argmax, or a draw from the warped distribution.
+fn choose(z: &[f32], sampling: &Sampling, rng: &mut ChaCha8Rng) -> u32 {
+    if sampling.is_greedy() {
+        argmax(z)
+    } else {
+        sample_from(&distribution(z, sampling), rng)
+    }
+}
+
+/// Appends `tokens` to a completion, cut at a stop token or the length limit; whether the
+/// completion is finished.
+fn emit(
+    c: &mut Completion,
+    tokens: impl IntoIterator<Item = u32>,
+    stop: &[u32],
+    max_new_tokens: usize,
+    stats: &mut SpecStats,
+) -> bool {
+    for tok in tokens {
+        c.ids.push(tok);
+        stats.emitted += 1;
+        if stop.contains(&tok) {
+            c.finish_reason = FinishReason::Stop;
+            return true;
+        }
+        if c.ids.len() >= max_new_tokens {
+            return true;
+        }
+    }
+    false
+}
+
+/// The target layers' hidden states of a pass concatenated, `[rows, seq, 3·d]`.
+fn concat_features(hidden: Vec<(usize, Tensor<3>)>) -> Option<Tensor<3>> {
+    (!hidden.is_empty()).then(|| Tensor::cat(hidden.into_iter().map(|(_, h)| h).collect(), 2))
 }
 
 /// Decodes all `prompts` as one batch with the draft proposing `config.k` tokens per target
-/// pass (rows finish independently); results in input order.
-pub fn speculative_generate(
+/// pass (rows finish independently); results in input order. The draft is a [`Drafter`]:
+/// a Llama sharing the target's vocabulary, or an EAGLE-3 draft
+/// ([`Eagle3Drafter`](crate::Eagle3Drafter)), which starts after a target prefill and reads
+/// the target's features of every verified position.
+pub fn speculative_generate<D: Drafter + ?Sized>(
     target: &Llama,
-    draft: &Llama,
+    draft: &D,
     prompts: &[SeededPrompt<'_>],
     config: &SpecConfig,
 ) -> Result<SpecOutput> {
-    check_pair(target, draft)?;
+    draft.check_target(target)?;
     config.sampling.validate()?;
     target.check_prompts(prompts)?;
     if config.k == 0 {
@@ -244,31 +271,100 @@ pub fn speculative_generate(
             out: i,
             rng: ChaCha8Rng::seed_from_u64(p.seed),
             target_pending: p.ids.to_vec(),
-            draft_pending: p.ids.to_vec(),
         })
         .collect();
     let mut target_cache = target.new_cache();
-    let mut draft_cache = draft.new_cache();
     let sampling = config.sampling;
     let greedy = sampling.is_greedy();
-    let (t_pad, d_pad) = (target.pad_id(), draft.pad_id());
+    let t_pad = target.pad_id();
+    let layers = draft.feature_layers().to_vec();
+    let pass_options = |n: usize| ForwardOptions {
+        last_positions: Some(n),
+        hidden_states: if layers.is_empty() {
+            HiddenStates::None
+        } else {
+            HiddenStates::Layers(layers.clone())
+        },
+        ..ForwardOptions::default()
+    };
+
+    // A drafter that reads the target's features starts from the target's prefill: the
+    // target reads the prompts and chooses each row's first token.
+    let mut session = if layers.is_empty() {
+        let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
+        draft.start(&ids, None)?
+    } else {
+        let pending: Vec<Vec<u32>> = rows.iter().map(|r| r.target_pending.clone()).collect();
+        let batch = TokenBatch::from_rows(&pending, t_pad, PaddingSide::Left);
+        let started = Instant::now();
+        let pass = target.forward_cached(&batch, &mut target_cache, &pass_options(1))?;
+        let features = concat_features(pass.hidden_states.clone());
+        let logits = to_host(pass.into_logits()?);
+        stats.target_seconds += started.elapsed().as_secs_f64();
+        stats.target_forwards += 1;
+        let mut first = Vec::with_capacity(rows.len());
+        let mut active = Vec::with_capacity(rows.len());
+        for (r, row) in rows.iter_mut().enumerate() {
+            let tok = choose(&logits[r * vocab..(r + 1) * vocab], &sampling, &mut row.rng);
+            if !emit(
+                &mut out[row.out],
+                [tok],
+                &stop,
+                config.max_new_tokens,
+                &mut stats,
+            ) {
+                active.push(r);
+                first.push(tok);
+                row.target_pending = vec![tok];
+            }
+        }
+        if active.is_empty() {
+            return Ok(SpecOutput {
+                completions: out,
+                stats,
+            });
+        }
+        let features = features.expect("a drafter with feature layers gets features");
+        let features = if active.len() < rows.len() {
+            target_cache.retain_rows(&active)?;
+            let idx = Tensor::<1, Int>::from_data(
+                TensorData::new(
+                    active.iter().map(|r| *r as i64).collect::<Vec<_>>(),
+                    [active.len()],
+                ),
+                &features.device(),
+            );
+            let mut old: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
+            rows = active
+                .iter()
+                .map(|r| old[*r].take().expect("each row is kept once"))
+                .collect();
+            features.select(0, idx)
+        } else {
+            features
+        };
+        let ids: Vec<&[u32]> = rows.iter().map(|r| prompts[r.out].ids).collect();
+        let started = Instant::now();
+        let session = draft.start(&ids, Some(Prefill { first, features }))?;
+        stats.draft_seconds += started.elapsed().as_secs_f64();
+        session
+    };
 
     while !rows.is_empty() {
         let n = rows.len();
-        // 1. The draft proposes k tokens per row, one forward pass each.
-        let draft_base: Vec<i64> = real_lengths(&draft_cache, n);
+        // 1. The draft proposes k tokens per row, in a chain.
         let mut drafts: Vec<Vec<u32>> = vec![Vec::with_capacity(k); n];
         let mut draft_logits: Vec<Vec<f32>> = Vec::with_capacity(k);
         // Sampling: each row's draft distributions q_1..q_k, kept for the verification.
         let mut draft_probs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
-        let mut fed: Vec<Vec<u32>> = rows.iter().map(|r| r.draft_pending.clone()).collect();
         for i in 0..k {
-            let batch = TokenBatch::from_rows(&fed, d_pad, PaddingSide::Left);
+            let previous: Vec<u32> = if i == 0 {
+                Vec::new()
+            } else {
+                drafts.iter().map(|d| d[i - 1]).collect()
+            };
             let started = Instant::now();
-            let logits = draft
-                .forward_cached(&batch, &mut draft_cache, &ForwardOptions::last_positions(1))?
-                .into_logits()?;
-            let logits = to_host(logits);
+            let logits = session.propose(i, &previous)?;
             stats.draft_seconds += started.elapsed().as_secs_f64();
             stats.draft_forwards += 1;
             for (r, row) in rows.iter_mut().enumerate() {
@@ -284,15 +380,7 @@ pub fn speculative_generate(
                 drafts[r].push(tok);
             }
             draft_logits.push(logits);
-            if i + 1 < k {
-                fed = drafts.iter().map(|d| vec![d[i]]).collect();
-            }
         }
-        // The draft has now been fed its pending tokens and the first k − 1 drafts.
-        let draft_fed: Vec<i64> = rows
-            .iter()
-            .map(|r| r.draft_pending.len() as i64 + k as i64 - 1)
-            .collect();
 
         // 2. The target scores the pending tokens and all k drafts in one pass.
         let target_base: Vec<i64> = real_lengths(&target_cache, n);
@@ -303,20 +391,18 @@ pub fn speculative_generate(
             .collect();
         let batch = TokenBatch::from_rows(&verify, t_pad, PaddingSide::Left);
         let started = Instant::now();
-        let logits = target
-            .forward_cached(
-                &batch,
-                &mut target_cache,
-                &ForwardOptions::last_positions(k + 1),
-            )?
-            .into_logits()?;
-        let target_logits = to_host(logits);
+        let pass = target.forward_cached(&batch, &mut target_cache, &pass_options(k + 1))?;
+        let features = concat_features(pass.hidden_states.clone()).map(|f| {
+            let [b, s, d] = f.dims();
+            f.slice([0..b, s - (k + 1)..s, 0..d])
+        });
+        let target_logits = to_host(pass.into_logits()?);
         stats.target_seconds += started.elapsed().as_secs_f64();
         stats.target_forwards += 1;
 
         // 3. Accept, correct or add the bonus token; roll both caches back.
         let mut keep_target = Vec::with_capacity(n);
-        let mut keep_draft = Vec::with_capacity(n);
+        let mut outcomes = Vec::with_capacity(n);
         let mut still_active = Vec::with_capacity(n);
         for (r, row) in rows.iter_mut().enumerate() {
             let p_at = |i: usize| {
@@ -358,56 +444,44 @@ pub fn speculative_generate(
                     break;
                 }
             }
-            let next = next.unwrap_or_else(|| {
-                let zp = p_at(k);
-                if greedy {
-                    argmax(zp)
-                } else {
-                    sample_from(&distribution(zp, &sampling), &mut row.rng)
-                }
-            });
+            let next = next.unwrap_or_else(|| choose(p_at(k), &sampling, &mut row.rng));
             stats.verify_steps += 1;
             stats.drafted += k;
             stats.accepted += accepted;
 
             // Emit the accepted drafts and the target's token, cut at stop / length.
-            let c = &mut out[row.out];
-            let mut done = false;
-            for tok in drafts[r][..accepted].iter().copied().chain([next]) {
-                c.ids.push(tok);
-                stats.emitted += 1;
-                if stop.contains(&tok) {
-                    c.finish_reason = FinishReason::Stop;
-                    done = true;
-                } else if c.ids.len() >= config.max_new_tokens {
-                    done = true;
-                }
-                if done {
-                    break;
-                }
-            }
+            let tokens: Vec<u32> = drafts[r][..accepted]
+                .iter()
+                .copied()
+                .chain([next])
+                .collect();
+            let done = emit(
+                &mut out[row.out],
+                tokens.iter().copied(),
+                &stop,
+                config.max_new_tokens,
+                &mut stats,
+            );
             keep_target.push(target_base[r] + row.target_pending.len() as i64 + accepted as i64);
-            keep_draft
-                .push(draft_base[r] + row.draft_pending.len() as i64 + accepted.min(k - 1) as i64);
             if !done {
                 still_active.push(r);
                 row.target_pending = vec![next];
-                row.draft_pending = if accepted == k {
-                    vec![drafts[r][k - 1], next]
-                } else {
-                    vec![next]
-                };
             }
-            debug_assert!(keep_draft[r] <= draft_base[r] + draft_fed[r]);
+            outcomes.push(RowOutcome {
+                accepted,
+                tokens,
+                done,
+            });
         }
         target_cache.truncate(&keep_target)?;
-        draft_cache.truncate(&keep_draft)?;
+        let started = Instant::now();
+        session.verified(&outcomes, features)?;
+        stats.draft_seconds += started.elapsed().as_secs_f64();
         if still_active.len() < n {
             if still_active.is_empty() {
                 break;
             }
             target_cache.retain_rows(&still_active)?;
-            draft_cache.retain_rows(&still_active)?;
             let mut old: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
             rows = still_active
                 .iter()
@@ -419,15 +493,6 @@ pub fn speculative_generate(
         completions: out,
         stats,
     })
-}
-
-/// Real tokens cached per row (0 for every row of an empty cache).
-fn real_lengths(cache: &KvCache, rows: usize) -> Vec<i64> {
-    if cache.batch_size().is_some() {
-        cache.real_lengths().to_vec()
-    } else {
-        vec![0; rows]
-    }
 }
 
 /// softmax(z) at temperature 1.

@@ -5,8 +5,11 @@
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Device, Tensor};
-use kd_eval::{SpecConfig, speculative_generate};
-use kd_model::{GenerateOptions, Llama, LlamaConfig, Sampling, SeededPrompt, TokenBatch, to_host};
+use kd_eval::{Drafter, Eagle3Drafter, SpecConfig, speculative_generate};
+use kd_model::{
+    DraftVocab, Eagle3Config, Eagle3Draft, GenerateOptions, Llama, LlamaConfig, Sampling,
+    SeededPrompt, TokenBatch, to_host,
+};
 
 const V: usize = 5;
 const ROWS: usize = 20_000;
@@ -22,7 +25,12 @@ impl ModuleMapper for Scale {
     }
 }
 
+/// Held while seeding the device's generator and drawing weights: tests run on threads of one
+/// process, and a draw between another test's seed and draw would change its weights.
+static DRAW: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn model(layers: usize, seed: u64, scale: f32) -> Llama {
+    let _draw = DRAW.lock().unwrap_or_else(|e| e.into_inner());
     let device = Device::flex();
     device.seed(seed);
     let config = LlamaConfig::new(V, 16, 32, layers, 2, 1).unwrap();
@@ -95,33 +103,15 @@ fn sampled_output_follows_the_target_distribution() {
     let draft = model(1, 2, 12.0);
     let probs = exact(&target);
     assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-6);
-    let prompts: Vec<SeededPrompt<'_>> = (0..ROWS)
-        .map(|i| SeededPrompt {
-            ids: &PROMPT,
-            seed: 1000 + i as u64,
-        })
-        .collect();
-    // Token 99 is outside the vocabulary: no row stops early.
-    let config = SpecConfig {
-        k: 2,
-        max_new_tokens: 3,
-        sampling: Sampling::temperature(1.0),
-        stop_token_ids: vec![99],
-    };
-    let out = speculative_generate(&target, &draft, &prompts, &config).unwrap();
-    let s = &out.stats;
-    // The pair must disagree enough that rejections and residual draws happen often.
-    assert!(
-        s.alpha() < 0.85 && s.acceptance_rate() > 0.1,
-        "α {} acceptance {}",
-        s.alpha(),
-        s.acceptance_rate()
+    let prompts = seeded_rows(1000);
+    sampled_run_passes(
+        &target,
+        &draft,
+        &prompts,
+        &probs,
+        (0.85, 0.1),
+        "speculative",
     );
-    // Each examined draft is accepted with probability Σ min(p, q).
-    let per_examined = s.accepted as f64 / s.examined as f64;
-    assert!((s.alpha() - per_examined).abs() < 0.02, "{s:?}");
-    let (stat, critical) = chi_square(&counts(out.completions.into_iter().map(|c| c.ids)), &probs);
-    assert!(stat < critical, "speculative: χ² {stat:.1} ≥ {critical:.1}");
 
     // Plain sampling from the target passes the same test (the check itself is sound)...
     let options = GenerateOptions {
@@ -137,6 +127,70 @@ fn sampled_output_follows_the_target_distribution() {
     let from_draft = draft.generate(&prompts, &options).unwrap();
     let (stat, critical) = chi_square(&counts(from_draft.into_iter().map(|c| c.ids)), &probs);
     assert!(stat > critical, "draft: χ² {stat:.1} < {critical:.1}");
+}
+
+#[test]
+fn sampled_output_with_an_eagle3_draft_follows_the_target_distribution() {
+    // The same test with an EAGLE-3 draft: its draft vocabulary lacks token 4 (probability 0
+    // there, so every draw of 4 comes from the target's residual or bonus).
+    let target = model(2, 1, 12.0);
+    let config = Eagle3Config::for_target(target.config(), V - 1).unwrap();
+    let vocab = DraftVocab::from_counts(&[5, 4, 3, 2, 1], V - 1).unwrap();
+    let draft = {
+        let _draw = DRAW.lock().unwrap_or_else(|e| e.into_inner());
+        let device = Device::flex();
+        device.seed(5);
+        Eagle3Draft::new(config, vocab, target.embed_tokens.weight.val(), &device)
+            .unwrap()
+            .map(&mut Scale(3.0))
+    };
+    let drafter = Eagle3Drafter::new(&draft, [0, 1, 2]);
+    let probs = exact(&target);
+    let prompts = seeded_rows(5000);
+    sampled_run_passes(&target, &drafter, &prompts, &probs, (0.9, 0.05), "EAGLE-3");
+}
+
+/// ROWS copies of the prompt, seeded from `first` on.
+fn seeded_rows(first: u64) -> Vec<SeededPrompt<'static>> {
+    (0..ROWS)
+        .map(|i| SeededPrompt {
+            ids: &PROMPT,
+            seed: first + i as u64,
+        })
+        .collect()
+}
+
+/// Sampled speculative decoding of three tokens with `draft`: the pair disagrees enough
+/// (α below `bounds.0`, acceptance above `bounds.1`) for rejections and residual draws to
+/// happen often, each examined draft is accepted with probability α, and the continuations
+/// pass the χ² test against the target's exact probabilities.
+fn sampled_run_passes<D: Drafter + ?Sized>(
+    target: &Llama,
+    draft: &D,
+    prompts: &[SeededPrompt<'_>],
+    probs: &[f64],
+    bounds: (f64, f64),
+    label: &str,
+) {
+    // Token 99 is outside the vocabulary: no row stops early.
+    let config = SpecConfig {
+        k: 2,
+        max_new_tokens: 3,
+        sampling: Sampling::temperature(1.0),
+        stop_token_ids: vec![99],
+    };
+    let out = speculative_generate(target, draft, prompts, &config).unwrap();
+    let s = &out.stats;
+    assert!(
+        s.alpha() < bounds.0 && s.acceptance_rate() > bounds.1,
+        "{label}: α {} acceptance {}",
+        s.alpha(),
+        s.acceptance_rate()
+    );
+    let per_examined = s.accepted as f64 / s.examined as f64;
+    assert!((s.alpha() - per_examined).abs() < 0.02, "{label}: {s:?}");
+    let (stat, critical) = chi_square(&counts(out.completions.into_iter().map(|c| c.ids)), probs);
+    assert!(stat < critical, "{label}: χ² {stat:.1} ≥ {critical:.1}");
 }
 
 #[test]

@@ -129,28 +129,40 @@ fn train_and_decode(target_dir: &str, epochs: usize, ratio: f64) {
         .take(6)
         .map(|e| e.input_ids[..e.prompt_len + 2].to_vec())
         .collect();
-    let stop = target.config().eos_token_ids.clone();
-    let (ours, stats) =
-        kd_eval::eagle3_generate(&target, &reloaded, layers, &prompts, 3, 16, &stop).unwrap();
-    for (prompt, got) in prompts.iter().zip(&ours) {
-        let plain = target
-            .generate(
-                &[kd_model::SeededPrompt {
-                    ids: prompt,
-                    seed: 0,
-                }],
-                &kd_model::GenerateOptions::greedy(16),
-            )
-            .unwrap();
-        assert_eq!(got, &plain[0].ids, "prompt {prompt:?}");
+    let seeded: Vec<kd_model::SeededPrompt<'_>> = prompts
+        .iter()
+        .map(|ids| kd_model::SeededPrompt { ids, seed: 0 })
+        .collect();
+    let spec = kd_eval::SpecConfig {
+        k: 3,
+        max_new_tokens: 16,
+        ..kd_eval::SpecConfig::default()
+    };
+    let drafter = kd_eval::Eagle3Drafter::new(&reloaded, layers);
+    // All rows as one left-padded batch (rows finish and diverge independently) ...
+    let batched = kd_eval::speculative_generate(&target, &drafter, &seeded, &spec).unwrap();
+    let plain = target
+        .generate(&seeded, &kd_model::GenerateOptions::greedy(16))
+        .unwrap();
+    for (i, (got, want)) in batched.completions.iter().zip(&plain).enumerate() {
+        assert_eq!(got.ids, want.ids, "prompt {:?}", prompts[i]);
+        // ... and one row at a time.
+        let alone =
+            kd_eval::speculative_generate(&target, &drafter, &seeded[i..i + 1], &spec).unwrap();
+        assert_eq!(
+            alone.completions[0].ids, want.ids,
+            "prompt {:?} alone",
+            prompts[i]
+        );
     }
+    let stats = &batched.stats;
     eprintln!(
         "EAGLE-3 greedy: {} verifications, acceptance {:.1}%, mean accepted length {:.2}",
-        stats.verifications,
+        stats.verify_steps,
         100.0 * stats.acceptance_rate(),
         stats.mean_accepted_length()
     );
-    assert!(stats.verifications > 0 && stats.verifications < 6 * 16);
+    assert!(stats.verify_steps > 0 && stats.verify_steps < 6 * 16);
 }
 
 #[test]
