@@ -63,7 +63,8 @@ pub use device::{
     parse_device_list, wgpu_compiled,
 };
 pub use eagle3::{
-    DraftKvCache, DraftVocab, EAGLE3_ARCHITECTURE, Eagle3Config, Eagle3Draft, TttCache,
+    DraftKvCache, DraftVocab, EAGLE3_ARCHITECTURE, Eagle3Config, Eagle3Draft, Eagle3Format,
+    SpeculatorsVerifier, TttCache, export_eagle3, is_eagle3_dir,
 };
 pub use error::{ModelError, Result};
 pub use family::ModelFamily;

@@ -20,6 +20,14 @@ pub struct Eagle3Config {
     /// Width of each target hidden state `fc` reads (`target_hidden_size`, default
     /// `hidden_size`).
     pub target_hidden_size: usize,
+    /// The target's hidden states `fc` reads, low / mid / high, in Hugging Face's
+    /// `output_hidden_states` indexing: index i is the input of decoder layer i (1 ≤ i < L).
+    /// Written twice, as each server reads it: `eagle_aux_hidden_state_layer_ids` at the top
+    /// level holds these indices (vLLM and llama.cpp's converter capture the input of layer i),
+    /// `eagle_config.eagle_aux_hidden_state_layer_ids` holds i − 1 (SpecForge and SGLang
+    /// capture the output of the layer they name). `None` when the file says neither; servers
+    /// then take their default, the same layers `[2, L/2, L − 3]` here.
+    pub aux_layers: Option<[usize; 3]>,
 }
 
 impl Eagle3Config {
@@ -53,6 +61,7 @@ impl Eagle3Config {
         Ok(Self {
             target_hidden_size: target.hidden_size,
             draft_vocab_size,
+            aux_layers: None,
             llama,
         })
     }
@@ -70,6 +79,15 @@ impl Eagle3Config {
             if self.target_hidden_size != self.llama.hidden_size {
                 map.insert("target_hidden_size".into(), self.target_hidden_size.into());
             }
+            if let Some(layers) = self.aux_layers {
+                map.insert("eagle_aux_hidden_state_layer_ids".into(), layers.into());
+                // SpecForge's and SGLang's ids name the layer whose output is read.
+                let ids: Vec<usize> = layers.iter().map(|l| l.saturating_sub(1)).collect();
+                map.insert(
+                    "eagle_config".into(),
+                    serde_json::json!({ "eagle_aux_hidden_state_layer_ids": ids }),
+                );
+            }
         }
         value
     }
@@ -79,6 +97,10 @@ impl Eagle3Config {
             path: path.to_path_buf(),
             source,
         })?;
+        // vLLM's `speculators` layout: read as the SpecForge layout it describes.
+        if let Some(specforge) = super::export::from_speculators(&value, path)? {
+            value = specforge;
+        }
         let Some(map) = value.as_object_mut() else {
             return Err(ModelError::config(path, "<root>", "expected a JSON object"));
         };
@@ -109,12 +131,61 @@ impl Eagle3Config {
             )
         })?;
         let target_hidden_size = size("target_hidden_size")?;
+        let three = |v: &Value, key: &str| -> Result<[usize; 3]> {
+            let ids: Option<Vec<usize>> = v
+                .as_array()
+                .and_then(|a| a.iter().map(|v| v.as_u64().map(|n| n as usize)).collect());
+            match ids.as_deref() {
+                Some(&[a, b, c]) => Ok([a, b, c]),
+                _ => Err(ModelError::config(
+                    path,
+                    key,
+                    "expected three layer indices (low, mid, high): `fc` reads three target \
+                     hidden states",
+                )),
+            }
+        };
+        // vLLM's key: Hugging Face indices (the input of layer i).
+        let top = match map.get("eagle_aux_hidden_state_layer_ids") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(three(v, "eagle_aux_hidden_state_layer_ids")?),
+        };
+        // SpecForge's and SGLang's: the output of layer i, Hugging Face's index i + 1.
+        let nested_key = "eagle_config.eagle_aux_hidden_state_layer_ids";
+        let nested = match map
+            .get("eagle_config")
+            .and_then(|c| c.get("eagle_aux_hidden_state_layer_ids"))
+        {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(three(v, nested_key)?.map(|i| i + 1)),
+        };
+        let aux_layers = match (top, nested) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ModelError::config(
+                    path,
+                    nested_key,
+                    format!(
+                        "{:?} names the outputs of layers {:?}, but eagle_aux_hidden_state_layer_ids \
+                         names the inputs of layers {a:?}: they disagree (SpecForge's ids are \
+                         vLLM's minus one)",
+                        b.map(|i| i - 1),
+                        b.map(|i| i - 1)
+                    ),
+                ));
+            }
+            (a, b) => a.or(b),
+        };
         // The rest is a Llama configuration: read it as one, with the same checks.
         map.insert(
             "architectures".into(),
             Value::Array(vec![Value::String("LlamaForCausalLM".into())]),
         );
-        for key in ["draft_vocab_size", "target_hidden_size"] {
+        for key in [
+            "draft_vocab_size",
+            "target_hidden_size",
+            "eagle_config",
+            "eagle_aux_hidden_state_layer_ids",
+        ] {
             map.remove(key);
         }
         let llama = LlamaConfig::from_json_str(&value.to_string()).map_err(|e| match e {
@@ -148,6 +219,7 @@ impl Eagle3Config {
         Ok(Self {
             target_hidden_size: target_hidden_size.unwrap_or(llama.hidden_size),
             draft_vocab_size,
+            aux_layers,
             llama,
         })
     }
@@ -178,5 +250,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("draft_vocab_size"), "{err}");
+        // SpecForge's / SGLang's ids name layer outputs: [1, 4, 7] are Hugging Face's
+        // hidden_states [2, 5, 8], which vLLM's top-level key names directly.
+        let nested = base.replace(
+            "32}",
+            r#"32, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 7]}}"#,
+        );
+        let c = Eagle3Config::from_json_str(&nested).unwrap();
+        assert_eq!(c.aux_layers, Some([2, 5, 8]));
+        let top = base.replace(
+            "32}",
+            r#"32, "eagle_aux_hidden_state_layer_ids": [2, 5, 8]}"#,
+        );
+        assert_eq!(
+            Eagle3Config::from_json_str(&top).unwrap().aux_layers,
+            Some([2, 5, 8])
+        );
+        let json = c.to_json();
+        assert_eq!(
+            json["eagle_aux_hidden_state_layer_ids"],
+            serde_json::json!([2, 5, 8])
+        );
+        assert_eq!(
+            json["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+            serde_json::json!([1, 4, 7])
+        );
+        let again = Eagle3Config::from_json_str(&json.to_string()).unwrap();
+        assert_eq!(again.to_json(), json);
+        assert_eq!(again.aux_layers, c.aux_layers);
+        let both = nested.replace(
+            "\"eagle_config\"",
+            "\"eagle_aux_hidden_state_layer_ids\": [1, 4, 7], \"eagle_config\"",
+        );
+        let err = Eagle3Config::from_json_str(&both).unwrap_err().to_string();
+        assert!(err.contains("disagree"), "{err}");
+        let err = Eagle3Config::from_json_str(&nested.replace("[1, 4, 7]", "[1, 4]"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("eagle_aux_hidden_state_layer_ids"), "{err}");
     }
 }

@@ -31,17 +31,69 @@ use crate::rope::{Rope, apply_rotary};
 
 mod cache;
 mod config;
+mod export;
 mod file;
 mod vocab;
 
 pub use cache::{DraftKvCache, TttCache};
 pub use config::Eagle3Config;
+pub use export::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
 pub use vocab::DraftVocab;
 
 use file::WeightsFile;
 
 /// The `architectures` entry of an EAGLE-3 draft's `config.json`.
 pub const EAGLE3_ARCHITECTURE: &str = "LlamaForCausalLMEagle3";
+
+/// The bytes of a safetensors file holding `tensors` (name, dtype, shape, data), with
+/// PyTorch's `format` metadata; `path` names the file in an error.
+pub(crate) fn serialize_tensors<'a>(
+    tensors: impl Iterator<Item = (&'a str, Dtype, &'a [usize], &'a [u8])>,
+    path: &Path,
+) -> Result<Vec<u8>> {
+    struct View<'a>(Dtype, &'a [usize], &'a [u8]);
+    impl safetensors::View for View<'_> {
+        fn dtype(&self) -> Dtype {
+            self.0
+        }
+        fn shape(&self) -> &[usize] {
+            self.1
+        }
+        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+            std::borrow::Cow::Borrowed(self.2)
+        }
+        fn data_len(&self) -> usize {
+            self.2.len()
+        }
+    }
+    let metadata = Some(std::collections::HashMap::from([(
+        "format".to_string(),
+        "pt".to_string(),
+    )]));
+    safetensors::serialize(
+        tensors.map(|(n, dt, shape, bytes)| (n, View(dt, shape, bytes))),
+        metadata,
+    )
+    .map_err(|e| ModelError::Safetensors {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Whether `dir` holds an EAGLE-3 draft: a `config.json` whose `architectures` name
+/// [`EAGLE3_ARCHITECTURE`] (SpecForge's layout) or with `speculators_model_type: eagle3`
+/// (vLLM's `speculators` layout).
+pub fn is_eagle3_dir(dir: impl AsRef<Path>) -> bool {
+    std::fs::read_to_string(dir.as_ref().join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| {
+            v.get("speculators_model_type").and_then(|k| k.as_str()) == Some("eagle3")
+                || v.get("architectures")
+                    .and_then(|a| a.as_array())
+                    .is_some_and(|a| a.iter().any(|n| n.as_str() == Some(EAGLE3_ARCHITECTURE)))
+        })
+}
 
 /// The weights file of a draft directory.
 const WEIGHTS_FILE: &str = "model.safetensors";
@@ -111,7 +163,7 @@ fn repeat_kv(x: Tensor<4>, heads: usize) -> Tensor<4> {
 
 impl Eagle3Draft {
     /// Loads a draft directory (`config.json`, `model.safetensors` under SpecForge's tensor
-    /// names, with `d2t` and `t2d`). The target's embedding comes from `embedding`
+    /// names, with `d2t` and `t2d`; vLLM's `speculators` layout too). The target's embedding comes from `embedding`
     /// (`[target_vocab, d]`) when given, else from the file's `embed_tokens.weight`.
     pub fn load(
         dir: impl AsRef<Path>,
@@ -121,6 +173,8 @@ impl Eagle3Draft {
         let dir = dir.as_ref();
         let config = Eagle3Config::from_file(dir.join("config.json"))?;
         let file = WeightsFile::open(&dir.join(WEIGHTS_FILE))?;
+        // SpecForge's `midlayer.` or the `speculators` format's `layers.0.`.
+        let m = export::layer_prefix(&file);
         let c = &config.llama;
         let (d, vocab) = (c.hidden_size, c.vocab_size);
         let (q_out, kv_out) = (
@@ -176,16 +230,16 @@ impl Eagle3Draft {
         Ok(Self {
             fc: linear("fc.weight", d, 3 * config.target_hidden_size)?,
             embed_tokens: Param::from_tensor(embedding).set_require_grad(false),
-            input_layernorm: vector("midlayer.input_layernorm.weight")?,
-            hidden_norm: vector("midlayer.hidden_norm.weight")?,
-            q_proj: linear("midlayer.self_attn.q_proj.weight", q_out, 2 * d)?,
-            k_proj: linear("midlayer.self_attn.k_proj.weight", kv_out, 2 * d)?,
-            v_proj: linear("midlayer.self_attn.v_proj.weight", kv_out, 2 * d)?,
-            o_proj: linear("midlayer.self_attn.o_proj.weight", d, q_out)?,
-            post_attention_layernorm: vector("midlayer.post_attention_layernorm.weight")?,
-            gate_proj: linear("midlayer.mlp.gate_proj.weight", inter, d)?,
-            up_proj: linear("midlayer.mlp.up_proj.weight", inter, d)?,
-            down_proj: linear("midlayer.mlp.down_proj.weight", d, inter)?,
+            input_layernorm: vector(&format!("{m}input_layernorm.weight"))?,
+            hidden_norm: vector(&format!("{m}hidden_norm.weight"))?,
+            q_proj: linear(&format!("{m}self_attn.q_proj.weight"), q_out, 2 * d)?,
+            k_proj: linear(&format!("{m}self_attn.k_proj.weight"), kv_out, 2 * d)?,
+            v_proj: linear(&format!("{m}self_attn.v_proj.weight"), kv_out, 2 * d)?,
+            o_proj: linear(&format!("{m}self_attn.o_proj.weight"), d, q_out)?,
+            post_attention_layernorm: vector(&format!("{m}post_attention_layernorm.weight"))?,
+            gate_proj: linear(&format!("{m}mlp.gate_proj.weight"), inter, d)?,
+            up_proj: linear(&format!("{m}mlp.up_proj.weight"), inter, d)?,
+            down_proj: linear(&format!("{m}mlp.down_proj.weight"), d, inter)?,
             norm: vector("norm.weight")?,
             lm_head: linear("lm_head.weight", dv, d)?,
             config,
@@ -288,36 +342,13 @@ impl Eagle3Draft {
             vec![t2d.len()],
             t2d.iter().map(|&b| b as u8).collect(),
         ));
-        struct View<'a>(Dtype, &'a [usize], &'a [u8]);
-        impl safetensors::View for View<'_> {
-            fn dtype(&self) -> Dtype {
-                self.0
-            }
-            fn shape(&self) -> &[usize] {
-                self.1
-            }
-            fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-                std::borrow::Cow::Borrowed(self.2)
-            }
-            fn data_len(&self) -> usize {
-                self.2.len()
-            }
-        }
-        let metadata = Some(std::collections::HashMap::from([(
-            "format".to_string(),
-            "pt".to_string(),
-        )]));
         let path = dir.join(WEIGHTS_FILE);
-        let bytes = safetensors::serialize(
+        let bytes = serialize_tensors(
             tensors
                 .iter()
-                .map(|(n, dt, shape, bytes)| (n.as_str(), View(*dt, shape, bytes))),
-            metadata,
-        )
-        .map_err(|e| ModelError::Safetensors {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+                .map(|(n, dt, shape, bytes)| (n.as_str(), *dt, shape.as_slice(), bytes.as_slice())),
+            &path,
+        )?;
         crate::write_atomic(&path, &bytes)?;
         let config =
             serde_json::to_string_pretty(&self.config.to_json()).expect("a JSON value serialises");

@@ -1,0 +1,247 @@
+//! Writing a draft directory for a server: SpecForge's layout (what SGLang serves, and vLLM
+//! reads too) or vLLM's `speculators` layout. Files are checked key by key first: a tensor
+//! missing, of the wrong shape, or not part of an EAGLE-3 draft is an error naming it (SGLang
+//! skips unknown keys silently, which serves a draft with untrained weights).
+
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{Value, json};
+
+use super::file::WeightsFile;
+use super::{Eagle3Config, WEIGHTS_FILE};
+use crate::error::{ModelError, Result};
+
+/// Where a draft directory is going.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Eagle3Format {
+    /// SpecForge's export, which SGLang serves (`--speculative-algorithm EAGLE3
+    /// --speculative-draft-model-path DIR`): `midlayer.*` tensors, `LlamaForCausalLMEagle3`.
+    SpecForge,
+    /// vLLM's `speculators` format: `layers.0.*` tensors, `Eagle3Speculator` with a
+    /// `speculators_config` naming the verifier.
+    Speculators(SpeculatorsVerifier),
+}
+
+/// The verifier (target) and proposal a `speculators` config names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeculatorsVerifier {
+    /// The target as a server finds it (a hub id or a path).
+    pub name_or_path: String,
+    /// Its architectures, e.g. `["LlamaForCausalLM"]`.
+    pub architectures: Vec<String>,
+    /// Tokens drafted per verification (`proposal_methods[0].speculative_tokens`).
+    pub speculative_tokens: usize,
+}
+
+/// The tensors of an EAGLE-3 draft under SpecForge's names (the decoder layer's under
+/// `midlayer.`), with their shapes, `d2t` and `t2d` last.
+fn expected_tensors(c: &Eagle3Config) -> Vec<(String, Vec<usize>)> {
+    let l = &c.llama;
+    let (d, inter) = (l.hidden_size, l.intermediate_size);
+    let (q, kv) = (
+        l.num_attention_heads * l.head_dim,
+        l.num_key_value_heads * l.head_dim,
+    );
+    let m = |s: &str| format!("midlayer.{s}");
+    vec![
+        ("fc.weight".into(), vec![d, 3 * c.target_hidden_size]),
+        (m("self_attn.q_proj.weight"), vec![q, 2 * d]),
+        (m("self_attn.k_proj.weight"), vec![kv, 2 * d]),
+        (m("self_attn.v_proj.weight"), vec![kv, 2 * d]),
+        (m("self_attn.o_proj.weight"), vec![d, q]),
+        (m("mlp.gate_proj.weight"), vec![inter, d]),
+        (m("mlp.up_proj.weight"), vec![inter, d]),
+        (m("mlp.down_proj.weight"), vec![d, inter]),
+        (m("input_layernorm.weight"), vec![d]),
+        (m("hidden_norm.weight"), vec![d]),
+        (m("post_attention_layernorm.weight"), vec![d]),
+        ("norm.weight".into(), vec![d]),
+        ("lm_head.weight".into(), vec![c.draft_vocab_size, d]),
+        ("d2t".into(), vec![c.draft_vocab_size]),
+        ("t2d".into(), vec![l.vocab_size]),
+    ]
+}
+
+/// The prefix of the decoder layer's tensors in a file: SpecForge's `midlayer.` or the
+/// `speculators` format's `layers.0.`.
+pub(super) fn layer_prefix(file: &WeightsFile) -> &'static str {
+    if file.has("layers.0.self_attn.q_proj.weight") && !file.has("midlayer.self_attn.q_proj.weight")
+    {
+        "layers.0."
+    } else {
+        "midlayer."
+    }
+}
+
+/// Copies the draft directory `src` (either layout) to `dst` in `format`, checking every
+/// tensor against the configuration first. The embedding, when the source has one, is left
+/// out: the draft reads the target's.
+pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()> {
+    let config = Eagle3Config::from_file(src.join("config.json"))?;
+    let path = src.join(WEIGHTS_FILE);
+    let file = WeightsFile::open(&path)?;
+    let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let from = layer_prefix(&file);
+    let to = match format {
+        Eagle3Format::SpecForge => "midlayer.",
+        Eagle3Format::Speculators(_) => "layers.0.",
+    };
+    let expected = expected_tensors(&config);
+    // Every tensor of the file is one of the draft's (or the embedding, dropped).
+    for name in st.names() {
+        let canonical = name.replacen(from, "midlayer.", 1);
+        if name != "embed_tokens.weight" && !expected.iter().any(|(n, _)| *n == canonical) {
+            return Err(file.error(
+                name,
+                format!(
+                    "not a tensor of an EAGLE-3 draft (expected {})",
+                    expected
+                        .iter()
+                        .map(|(n, _)| n.replacen("midlayer.", from, 1))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
+    let mut out: Vec<(String, Dtype, Vec<usize>, &[u8])> = Vec::with_capacity(expected.len());
+    for (name, shape) in &expected {
+        let stored = name.replacen("midlayer.", from, 1);
+        let view = st
+            .tensor(&stored)
+            .map_err(|_| file.error(&stored, "missing".into()))?;
+        if view.shape() != shape.as_slice() {
+            return Err(file.error(
+                &stored,
+                format!("shape {:?}, expected {shape:?}", view.shape()),
+            ));
+        }
+        let dtype_ok = match name.as_str() {
+            "d2t" => view.dtype() == Dtype::I64,
+            "t2d" => view.dtype() == Dtype::BOOL,
+            _ => matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16),
+        };
+        if !dtype_ok {
+            return Err(file.error(&stored, format!("dtype {:?}", view.dtype())));
+        }
+        out.push((
+            name.replacen("midlayer.", to, 1),
+            view.dtype(),
+            shape.clone(),
+            view.data(),
+        ));
+    }
+    // The vocabulary maps must describe one draft vocabulary.
+    super::DraftVocab::from_d2t(&file.ints("d2t")?, config.llama.vocab_size)?;
+
+    std::fs::create_dir_all(dst).map_err(|e| ModelError::io(dst, e))?;
+    let config_json = match format {
+        Eagle3Format::SpecForge => config.to_json(),
+        Eagle3Format::Speculators(v) => speculators_json(&config, v),
+    };
+    let text = serde_json::to_string_pretty(&config_json).expect("JSON values serialise");
+    let weights = super::serialize_tensors(
+        out.iter()
+            .map(|(n, dt, shape, data)| (n.as_str(), *dt, shape.as_slice(), *data)),
+        &dst.join(WEIGHTS_FILE),
+    )?;
+    crate::write_atomic(&dst.join(WEIGHTS_FILE), &weights)?;
+    crate::write_atomic(&dst.join("config.json"), text.as_bytes())
+}
+
+/// The `config.json` of vLLM's `speculators` format: the decoder layer's Llama configuration
+/// as `transformer_layer_config`, SpecForge's semantics stated (`norm_before_residual`
+/// false: vLLM assumes true when the key is missing), the feature layers in vLLM's indexing.
+fn speculators_json(c: &Eagle3Config, v: &SpeculatorsVerifier) -> Value {
+    let mut layer = c.llama.to_json();
+    if let Some(map) = layer.as_object_mut() {
+        map.remove("architectures");
+        map.insert("model_type".into(), "llama".into());
+    }
+    let mut config = json!({
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "draft_vocab_size": c.draft_vocab_size,
+        "norm_before_residual": false,
+        "norm_before_fc": false,
+        "fc_norm": false,
+        "norm_output": false,
+        "target_hidden_size": c.target_hidden_size,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{
+                "proposal_type": "greedy",
+                "speculative_tokens": v.speculative_tokens,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0
+            }],
+            "default_proposal_method": "greedy",
+            "verifier": {
+                "name_or_path": v.name_or_path,
+                "architectures": v.architectures
+            }
+        }
+    });
+    if let Some(layers) = c.aux_layers {
+        config["eagle_aux_hidden_state_layer_ids"] = json!(layers);
+    }
+    config
+}
+
+/// Reads a `speculators` config as the SpecForge-layout JSON it describes, or `None` when
+/// `value` is not one. Normalisations SpecForge's EAGLE-3 does not have are refused by name.
+pub(super) fn from_speculators(value: &Value, path: &Path) -> Result<Option<Value>> {
+    let Some(kind) = value.get("speculators_model_type") else {
+        return Ok(None);
+    };
+    if kind.as_str() != Some("eagle3") {
+        return Err(ModelError::config(
+            path,
+            "speculators_model_type",
+            format!("{kind}: only eagle3 drafts are read"),
+        ));
+    }
+    for key in [
+        "norm_before_residual",
+        "norm_before_fc",
+        "fc_norm",
+        "norm_output",
+    ] {
+        if value.get(key).and_then(Value::as_bool) == Some(true) {
+            return Err(ModelError::config(
+                path,
+                key,
+                "true: this draft normalises where SpecForge's EAGLE-3 does not; only drafts \
+                 with it false (SpecForge's semantics) are read",
+            ));
+        }
+    }
+    let Some(layer) = value
+        .get("transformer_layer_config")
+        .and_then(Value::as_object)
+    else {
+        return Err(ModelError::config(
+            path,
+            "transformer_layer_config",
+            "missing: a speculators draft holds its decoder layer's configuration there",
+        ));
+    };
+    let mut out = layer.clone();
+    out.insert("architectures".into(), json!([super::EAGLE3_ARCHITECTURE]));
+    for key in [
+        "draft_vocab_size",
+        "target_hidden_size",
+        "eagle_aux_hidden_state_layer_ids",
+    ] {
+        if let Some(v) = value.get(key).filter(|v| !v.is_null()) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    Ok(Some(Value::Object(out)))
+}
