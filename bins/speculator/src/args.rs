@@ -81,6 +81,46 @@ pub enum Command {
     ServeTeacher(ServeArgs),
     /// Derive a draft from a model: keep some decoder layers, share embeddings, norm and head.
     DeriveDraft(DeriveArgs),
+    /// Write an EAGLE-3 draft (a checkpoint of --draft_method eagle3) for SGLang or vLLM.
+    Export(ExportArgs),
+}
+
+/// `speculator export`.
+#[derive(Args, Debug)]
+#[command(rename_all = "snake_case")]
+pub struct ExportArgs {
+    /// The EAGLE-3 draft directory (e.g. OUTPUT_DIR/checkpoint-epoch-2).
+    #[arg(long)]
+    pub draft: PathBuf,
+    /// The server: `sglang` (SpecForge's layout) or `vllm` (the speculators format).
+    #[arg(long, value_parser = ["sglang", "vllm"])]
+    pub to: String,
+    /// Where the exported directory goes.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// `--to vllm`: the target as vLLM names it [default: the run's --target_model].
+    #[arg(long)]
+    pub verifier: Option<String>,
+    /// `--to vllm`: tokens drafted per verification written into the config.
+    #[arg(long, default_value_t = 3)]
+    pub speculative_tokens: usize,
+}
+
+impl ExportArgs {
+    /// The library configuration.
+    pub fn config(&self) -> kd_speculator::ExportConfig {
+        kd_speculator::ExportConfig {
+            draft: self.draft.clone(),
+            out: self.out.clone(),
+            to: if self.to == "vllm" {
+                kd_speculator::ExportTarget::Vllm
+            } else {
+                kd_speculator::ExportTarget::Sglang
+            },
+            verifier: self.verifier.clone(),
+            speculative_tokens: self.speculative_tokens,
+        }
+    }
 }
 
 /// `speculator derive-draft`.
@@ -326,6 +366,21 @@ pub struct TrainArgs {
     /// OUTPUT_DIR/teacher_cache]; runs sharing one reuse each other's teacher work.
     #[arg(long)]
     pub teacher_cache_dir: Option<PathBuf>,
+    /// The draft: `lora` (LoRA adapters on --draft_model) or `eagle3` (an EAGLE-3 head over
+    /// the target's hidden states; --draft_model is not used, --init_adapter may name an
+    /// EAGLE-3 draft directory to start from).
+    #[arg(long, default_value = "lora", value_parser = ["lora", "eagle3"])]
+    pub draft_method: String,
+    /// EAGLE-3: tokens of the draft vocabulary [default: 32000, or the target's vocabulary
+    /// when smaller].
+    #[arg(long)]
+    pub draft_vocab_size: Option<usize>,
+    /// EAGLE-3: training-time-test steps unrolled per position.
+    #[arg(long, default_value_t = d().ttt_length)]
+    pub ttt_length: usize,
+    /// EAGLE-3: the three target hidden states read, e.g. 2,15,27 [default: 2, L/2, L − 3].
+    #[arg(long, value_delimiter = ',')]
+    pub aux_layers: Vec<usize>,
 }
 
 /// `speculator eval`.
@@ -335,7 +390,8 @@ pub struct EvalArgs {
     /// Path of the target model.
     #[arg(long)]
     pub target_model: PathBuf,
-    /// Path of the draft model.
+    /// Path of the draft model, or of an EAGLE-3 draft directory (a checkpoint of
+    /// `--draft_method eagle3`, or SpecForge's export).
     #[arg(long)]
     pub draft_model: PathBuf,
     /// A PEFT adapter for the draft (e.g. a checkpoint of `speculator train`).
@@ -556,6 +612,22 @@ mod tests {
         --output_dir ./checkpoints_speculator --batch_size 32 --train_batch_size 4 \
         --gradient_accumulation_steps 4 --num_epochs 3 --learning_rate 2e-4 --lora_r 64 \
         --lora_alpha 128 --target_gpus 0,1,2,3 --draft_gpus 4,5,6,7 --save_steps 500";
+
+    #[test]
+    fn eagle3_flags_reach_the_configuration() {
+        let c = parse(
+            "--draft_method eagle3 --draft_vocab_size 8192 --ttt_length 5 --aux_layers 2,15,27",
+        )
+        .unwrap();
+        assert_eq!(c.draft_method, kd_speculator::DraftMethod::Eagle3);
+        assert_eq!(
+            (c.draft_vocab_size, c.ttt_length, c.aux_layers),
+            (Some(8192), 5, vec![2, 15, 27])
+        );
+        let c = parse("").unwrap();
+        assert_eq!(c.draft_method, kd_speculator::DraftMethod::Lora);
+        assert!(parse("--draft_method medusa").is_err());
+    }
 
     #[test]
     fn the_seeds_command_lines_parse_with_its_meaning() {

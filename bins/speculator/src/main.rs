@@ -10,6 +10,8 @@
 //! speculator merge --adapter out/checkpoint-epoch-2 --out merged
 //! speculator serve-teacher --target_model T --listen 0.0.0.0:30000 --api_key_env VAR
 //! speculator derive-draft --from T --keep 2 --out draft
+//! speculator --draft_method eagle3 --target_model T --data_dir data --output_dir out
+//! speculator export --draft out/checkpoint-epoch-2 --to vllm --out served
 //! ```
 
 mod args;
@@ -125,6 +127,22 @@ fn run() -> Result<()> {
                 a.from.display(),
                 a.out.display()
             );
+            Ok(())
+        }
+        Some(Command::Export(x)) => {
+            let config = x.config();
+            let verifier = kd_speculator::export(&config)?;
+            let out = config.out.display();
+            match verifier {
+                None => println!(
+                    "wrote {out} for SGLang: --speculative-algorithm EAGLE3 \
+                     --speculative-draft-model-path {out}"
+                ),
+                Some(v) => println!(
+                    "wrote {out} in the speculators format for vLLM (verifier {v}): \
+                     vllm serve {out}"
+                ),
+            }
             Ok(())
         }
         Some(Command::ServeTeacher(s)) => {

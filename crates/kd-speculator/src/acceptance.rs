@@ -2,12 +2,18 @@
 
 use std::path::{Path, PathBuf};
 
-use kd_eval::{AcceptanceReport, EvalOptions, evaluate};
-use kd_model::Llama;
+use burn::tensor::{Device, Tensor};
+use kd_eval::{AcceptanceReport, Drafter, Eagle3Drafter, EvalOptions, evaluate, evaluate_across};
+use kd_model::{Eagle3Draft, Llama};
+use kd_teacher::sequences_hash;
+use kd_train::TrainSummary;
 use serde::{Deserialize, Serialize};
 
+use crate::config::SpeculatorConfig;
 use crate::error::{PipelineError, Result};
 use crate::observe::SpeculatorObserver;
+use crate::settings::{TeacherBackend, eval_options};
+use crate::setup::{ACCEPTANCE_FILE, Setup};
 use kd_train::checkpoint::{TRAINER_STATE_FILE, TrainerState, read_state};
 use kd_train::metrics::{LogRecord, TensorBoard, TrainObserver};
 
@@ -49,9 +55,24 @@ pub(crate) struct TrainingWatcher<'a> {
     pub(crate) eval: Option<CheckpointEval<'a>>,
 }
 
+/// How a checkpoint directory becomes a draft to measure.
+pub(crate) enum CheckpointDraft<'a> {
+    /// PEFT adapters on this base model, merged.
+    Lora(&'a Llama),
+    /// An EAGLE-3 draft directory over the target's embedding, reading these target layers.
+    Eagle3(Box<Eagle3Source>),
+}
+
+/// What an EAGLE-3 checkpoint needs beside its directory.
+pub(crate) struct Eagle3Source {
+    pub(crate) embedding: Tensor<2>,
+    pub(crate) device: Device,
+    pub(crate) layers: [usize; 3],
+}
+
 pub(crate) struct CheckpointEval<'a> {
     pub(crate) target: &'a Llama,
-    pub(crate) base: &'a Llama,
+    pub(crate) base: CheckpointDraft<'a>,
     pub(crate) prompts: &'a [Vec<u32>],
     pub(crate) options: &'a EvalOptions,
     pub(crate) every: usize,
@@ -67,14 +88,24 @@ impl CheckpointEval<'_> {
             return Ok(());
         }
         self.last_step = step;
-        let (draft, _) = self.base.clone().load_adapter(dir)?;
-        let report = evaluate(
-            self.target,
-            &draft.merge_and_unload(),
-            self.prompts,
-            self.options,
-            |phase, d, t| inner.on_eval_progress(phase, d, t),
-        )?;
+        let progress = |phase, d, t| inner.on_eval_progress(phase, d, t);
+        let report = match &self.base {
+            CheckpointDraft::Lora(base) => {
+                let (draft, _) = (*base).clone().load_adapter(dir)?;
+                let merged = draft.merge_and_unload();
+                evaluate(self.target, &merged, self.prompts, self.options, progress)?
+            }
+            CheckpointDraft::Eagle3(source) => {
+                let Eagle3Source {
+                    embedding,
+                    device,
+                    layers,
+                } = source.as_ref();
+                let draft = Eagle3Draft::load(dir, Some(embedding.clone()), device)?;
+                let drafter = Eagle3Drafter::new(&draft, *layers);
+                evaluate(self.target, &drafter, self.prompts, self.options, progress)?
+            }
+        };
         let label = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -123,6 +154,168 @@ impl TrainObserver for TrainingWatcher<'_> {
     fn stop_requested(&mut self) -> bool {
         self.inner.stop_requested()
     }
+}
+
+/// The acceptance measurement of a run on the held-out prompts (absent when the target is
+/// remote only or no prompt is held out), and `acceptance.json`.
+pub(crate) struct Acceptance<'a> {
+    pub(crate) target: Option<&'a Llama>,
+    pub(crate) prompts: Vec<Vec<u32>>,
+    pub(crate) options: EvalOptions,
+    pub(crate) path: PathBuf,
+    output_dir: &'a std::path::Path,
+    pub(crate) file: Option<AcceptanceFile>,
+}
+
+impl<'a> Acceptance<'a> {
+    pub(crate) fn new(
+        config: &'a SpeculatorConfig,
+        setup: &Setup,
+        teacher: &'a TeacherBackend,
+        observer: &mut dyn SpeculatorObserver,
+        warnings: &mut Vec<String>,
+    ) -> Self {
+        let prompts = setup.prompts.eval_ids();
+        let options = eval_options(config);
+        let target = teacher.target().filter(|_| !prompts.is_empty());
+        let file = target.map(|_| AcceptanceFile {
+            options: options.clone(),
+            prompts: prompts.len(),
+            prompts_hash: sequences_hash(&prompts),
+            before: None,
+            after: None,
+            checkpoints: Vec::new(),
+            best_checkpoint: None,
+        });
+        if prompts.is_empty() {
+            let w = "no prompt is held out (--eval_fraction 0): acceptance is not measured";
+            observer.on_warning(w);
+            warnings.push(w.to_string());
+        }
+        Self {
+            target,
+            prompts,
+            options,
+            path: config.output_dir.join(ACCEPTANCE_FILE),
+            output_dir: &config.output_dir,
+            file,
+        }
+    }
+
+    /// Acceptance of the untrained draft (reused from `acceptance.json` when a resumed run
+    /// measured it with the same options and prompts).
+    pub(crate) fn before(
+        &mut self,
+        draft: &dyn Drafter,
+        tb: Option<&mut TensorBoard>,
+        observer: &mut dyn SpeculatorObserver,
+    ) -> Result<()> {
+        let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
+            return Ok(());
+        };
+        let previous = read_acceptance(&self.path)
+            .filter(|p| p.options == file.options && p.prompts_hash == file.prompts_hash);
+        let before = match previous.and_then(|p| p.before) {
+            Some(before) => before,
+            None => measure(&self.prompts, &self.options, target, draft, observer)?,
+        };
+        observer.on_acceptance("before", &before);
+        file.before = Some(before.clone());
+        // Rank 0 writes (the only one with a TensorBoard).
+        let Some(tb) = tb else {
+            return Ok(());
+        };
+        log_acceptance(tb, &before, 0)?;
+        write_acceptance(&self.path, file)
+    }
+
+    /// Acceptance of the trained draft; every measured checkpoint (the last one included)
+    /// competes for the best, which is recorded and linked.
+    pub(crate) fn after(
+        &mut self,
+        draft: &dyn Drafter,
+        summary: &TrainSummary,
+        measured: &[CheckpointAcceptance],
+        tb: Option<&mut TensorBoard>,
+        observer: &mut dyn SpeculatorObserver,
+    ) -> Result<()> {
+        let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
+            return Ok(());
+        };
+        let after = measure(&self.prompts, &self.options, target, draft, observer)?;
+        observer.on_acceptance("after", &after);
+        // Rank 0 writes (the only one with a TensorBoard).
+        let Some(tb) = tb else {
+            file.after = Some(after);
+            return Ok(());
+        };
+        log_acceptance(tb, &after, summary.global_step)?;
+        for c in measured {
+            log_acceptance(tb, &c.report, c.step)?;
+        }
+        // The last checkpoint holds the trained draft: it competes for the best too.
+        let mut checkpoints = measured.to_vec();
+        if let Some(last) = summary.checkpoints.last()
+            && !checkpoints.iter().any(|c| &c.checkpoint == last)
+        {
+            checkpoints.push(CheckpointAcceptance {
+                checkpoint: last.clone(),
+                step: summary.global_step,
+                report: after.clone(),
+            });
+        }
+        file.after = Some(after);
+        file.checkpoints = checkpoints;
+        file.best_checkpoint = file
+            .checkpoints
+            .iter()
+            .max_by(|a, b| {
+                a.report
+                    .mean_accepted_length
+                    .total_cmp(&b.report.mean_accepted_length)
+            })
+            .map(|c| c.checkpoint.clone());
+        write_acceptance(&self.path, file)?;
+        write_best(self.output_dir, summary.checkpoints.last(), file)
+    }
+
+    /// The measurement at checkpoints during training (`--eval_steps`), when acceptance is
+    /// measured at all.
+    pub(crate) fn at_checkpoints<'b>(
+        &'b self,
+        base: CheckpointDraft<'b>,
+        every: usize,
+    ) -> Option<CheckpointEval<'b>> {
+        let target = self.file.as_ref().and(self.target)?;
+        Some(CheckpointEval {
+            target,
+            base,
+            prompts: &self.prompts,
+            options: &self.options,
+            every,
+            last_step: 0,
+            results: Vec::new(),
+            error: None,
+        })
+    }
+}
+
+/// The report of `draft` on the held-out prompts, shared between the ranks.
+fn measure(
+    prompts: &[Vec<u32>],
+    options: &EvalOptions,
+    target: &Llama,
+    draft: &dyn Drafter,
+    observer: &mut dyn SpeculatorObserver,
+) -> Result<AcceptanceReport> {
+    Ok(evaluate_across(
+        kd_dist::world(),
+        target,
+        draft,
+        prompts,
+        options,
+        |phase, d, t| observer.on_eval_progress(phase, d, t),
+    )?)
 }
 
 pub(crate) fn log_acceptance(

@@ -107,7 +107,8 @@ pub struct SpeculatorConfig {
     pub seed: u64,
     /// Continue a run exactly: `latest` or a checkpoint directory.
     pub resume_from_checkpoint: Option<String>,
-    /// Start from these adapter weights (a warm start: fresh optimizer and schedule).
+    /// Start from these adapter weights (a warm start: fresh optimizer and schedule); with
+    /// `draft_method: eagle3`, an EAGLE-3 draft directory (ours or SpecForge's).
     pub init_adapter: Option<PathBuf>,
     /// Replace an earlier run's checkpoints, logs and reports in `output_dir` (its teacher
     /// cache is kept and reused where it matches).
@@ -158,7 +159,34 @@ pub struct SpeculatorConfig {
     pub weight_decay: f64,
     /// Clip the global gradient norm to this (0 = off).
     pub max_grad_norm: f64,
+    /// The kind of draft trained: `lora` (the seed's: LoRA adapters on `draft_model`) or
+    /// `eagle3` (an EAGLE-3 head reading the target's hidden states; `draft_model` unused).
+    pub draft_method: DraftMethod,
+    /// EAGLE-3: tokens of the draft vocabulary, the most frequent of the training
+    /// completions (default: 32,000, SpecForge's, or the target's vocabulary when smaller).
+    pub draft_vocab_size: Option<usize>,
+    /// EAGLE-3: training-time-test steps unrolled per position (SpecForge's default 7).
+    pub ttt_length: usize,
+    /// EAGLE-3: the three target hidden states the draft reads, low / mid / high, in Hugging
+    /// Face's `output_hidden_states` indexing (empty: `[2, L/2, L − 3]` for `L` layers, the
+    /// choice of EAGLE-3, SpecForge and SGLang).
+    pub aux_layers: Vec<usize>,
 }
+
+/// The kind of draft a run trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftMethod {
+    /// LoRA adapters on a small model sharing the target's tokenizer (the seed's draft).
+    #[default]
+    Lora,
+    /// An EAGLE-3 head: one decoder layer over three of the target's hidden states, a reduced
+    /// vocabulary, trained with training-time test (SpecForge's `LlamaForCausalLMEagle3`).
+    Eagle3,
+}
+
+/// SpecForge's default draft vocabulary size.
+pub const DEFAULT_DRAFT_VOCAB_SIZE: usize = 32_000;
 
 /// The default device list of the target: the seed's GPUs in a CUDA build, else the CPU.
 pub fn default_target_devices() -> &'static str {
@@ -253,6 +281,10 @@ impl Default for SpeculatorConfig {
             on_policy_max_new_tokens: None,
             on_policy_match_length: false,
             teacher_cache_dir: None,
+            draft_method: DraftMethod::Lora,
+            draft_vocab_size: None,
+            ttt_length: 7,
+            aux_layers: Vec::new(),
         }
     }
 }
@@ -270,7 +302,11 @@ impl SpeculatorConfig {
             } else {
                 kd_pipeline::models::local_model(&self.target_model)?
             },
-            draft_model: kd_pipeline::models::local_model(&self.draft_model)?,
+            // An EAGLE-3 run has no draft model to find.
+            draft_model: match self.draft_method {
+                DraftMethod::Lora => kd_pipeline::models::local_model(&self.draft_model)?,
+                DraftMethod::Eagle3 => self.draft_model.clone(),
+            },
             ..self.clone()
         })
     }
@@ -393,6 +429,9 @@ impl SpeculatorConfig {
                 return bad(format!("--{flag} must be ≥ 0, got {v}"));
             }
         }
+        if self.draft_method == DraftMethod::Eagle3 {
+            return self.validate_eagle3();
+        }
         if self.ce_weight == 0.0
             && self.kd_weight == 0.0
             && !(self.use_distillation && self.distillation_weight > 0.0)
@@ -478,6 +517,37 @@ impl SpeculatorConfig {
         }
         if self.lora_target_modules.is_empty() {
             return bad("--lora_target_modules names no module".into());
+        }
+        Ok(())
+    }
+
+    /// What an EAGLE-3 run checks beyond the common values.
+    fn validate_eagle3(&self) -> Result<()> {
+        let bad = |m: String| Err(PipelineError::Config(m));
+        if self.ttt_length == 0 {
+            return bad("--ttt_length must be at least 1".into());
+        }
+        if self.draft_vocab_size == Some(0) {
+            return bad("--draft_vocab_size must be at least 1".into());
+        }
+        if !matches!(self.aux_layers.len(), 0 | 3) {
+            return bad(format!(
+                "--aux_layers {:?}: an EAGLE-3 draft reads three target hidden states (low, mid, \
+                 high), e.g. --aux_layers 2,15,27",
+                self.aux_layers
+            ));
+        }
+        for (flag, on) in [
+            ("use_distillation", self.use_distillation),
+            ("kd_weight", self.kd_weight > 0.0),
+            ("on_policy_ratio", self.on_policy_ratio > 0.0),
+        ] {
+            if on {
+                return bad(format!(
+                    "--{flag} applies to the LoRA draft; an EAGLE-3 draft learns the target's \
+                     distributions through its TTT loss: drop --{flag} or use --draft_method lora"
+                ));
+            }
         }
         Ok(())
     }

@@ -15,18 +15,31 @@ use std::path::Path;
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use kd_data::{Batch, Example};
+use kd_eval::Drafter;
+use kd_lora::derive_seed;
 use kd_loss::{TTT_DECAY, TttTargets, ttt_step_loss};
-use kd_model::{DraftVocab, Eagle3Draft, ForwardOptions, HiddenStates, Llama};
-use kd_train::{StepLoss, StepLossFn, TrainError, TrainMode, Trainable, token_batch};
+use kd_model::{DraftVocab, Eagle3Config, Eagle3Draft, ForwardOptions, HiddenStates, Llama};
+use kd_train::{
+    StepLoss, StepLossFn, TrainConfig, TrainError, TrainMode, Trainable, Trainer, token_batch,
+};
+
+use crate::acceptance::{CheckpointDraft, CheckpointEval, Eagle3Source, TrainingWatcher};
+use crate::error::PipelineError;
+use crate::observe::Phase;
+use crate::run::{Phases, Trained};
+use crate::settings::train_config;
+use crate::setup::{aux_layers, draft_vocab_size};
 
 /// The target layers whose hidden states the draft reads, in Hugging Face's
-/// `output_hidden_states` indexing: `[2, L/2, L − 3]` for a target of `L` layers (SpecForge's
-/// and vLLM speculators' low / mid / high choice: the outputs of decoder layers 1, L/2 − 1 and
-/// L − 4). Small targets clamp into range.
+/// `output_hidden_states` indexing (index i is the input of decoder layer i): `[2, L/2, L − 3]`
+/// for a target of `L` layers, the low / mid / high choice of EAGLE-3, SpecForge, vLLM and
+/// SGLang. Small targets clamp into `1..L` (the inputs of layers 1 to L − 1, which every
+/// server can capture).
 pub fn default_feature_layers(num_layers: usize) -> [usize; 3] {
-    let high = num_layers.saturating_sub(3).max(1);
+    let top = num_layers.saturating_sub(1).max(1);
+    let high = num_layers.saturating_sub(3).clamp(1, top);
     let mid = (num_layers / 2).clamp(1, high);
-    let low = 2.min(mid);
+    let low = 2.clamp(1, mid);
     [low, mid, high]
 }
 
@@ -206,5 +219,131 @@ impl StepLossFn<Eagle3Model> for Eagle3Loss<'_> {
             total,
             kd: None,
         })
+    }
+}
+
+/// The EAGLE-3 phases of a speculator run (after generation): a fresh draft for the target
+/// (or `init_adapter`'s draft directory), acceptance before, TTT training with the generic
+/// trainer (checkpoints are SpecForge draft directories), acceptance after.
+pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
+    let Phases {
+        config,
+        setup,
+        teacher,
+        examples,
+        timer,
+        mut tb,
+        eval,
+        observer,
+    } = phases;
+    let Some(target) = teacher.target() else {
+        return Err(PipelineError::Config(
+            "--draft_method eagle3 reads the target's hidden states: --target_model must be a \
+             local model directory"
+                .into(),
+        ));
+    };
+    let tc = target.config();
+    let layers = aux_layers(config, tc);
+    let device = &setup.draft_device;
+    let embedding = Tensor::<2>::from_data(target.embed_tokens.weight.val().into_data(), device);
+    let draft = match &config.init_adapter {
+        Some(dir) => {
+            let draft = Eagle3Draft::load(dir, Some(embedding.clone()), device)?;
+            kd_eval::Eagle3Drafter::new(&draft, layers).check_target(target)?;
+            draft
+        }
+        None => {
+            let size = draft_vocab_size(config, tc.vocab_size);
+            let vocab = draft_vocab_from_examples(&examples.examples, tc.vocab_size, size)?;
+            let mut draft_config = Eagle3Config::for_target(tc, vocab.len())?;
+            draft_config.aux_layers = Some(layers);
+            device.seed(derive_seed(config.seed, &[0xEA3]));
+            Eagle3Draft::new(draft_config, vocab, embedding.clone(), device)?
+        }
+    };
+    let coverage = vocab_coverage(draft.vocab(), &examples.examples);
+    if coverage < 0.95 {
+        let w = format!(
+            "the draft vocabulary of {} tokens covers {:.1}% of the completion tokens: a draft \
+             never proposes the rest (raise --draft_vocab_size)",
+            draft.vocab().len(),
+            100.0 * coverage
+        );
+        observer.on_warning(&w);
+    }
+    if eval.file.is_some() {
+        observer.on_phase(Phase::EvalBefore);
+        eval.before(
+            &kd_eval::Eagle3Drafter::new(&draft, layers),
+            tb.as_deref_mut(),
+            observer,
+        )?;
+        timer.end(Phase::EvalBefore);
+    }
+
+    observer.on_phase(Phase::Train);
+    let loss = Eagle3Loss {
+        target,
+        layers,
+        ttt_length: config.ttt_length,
+    };
+    let base = CheckpointDraft::Eagle3(Box::new(Eagle3Source {
+        embedding,
+        device: device.clone(),
+        layers,
+    }));
+    let mut watcher = TrainingWatcher {
+        inner: observer,
+        last_log: None,
+        eval: eval.at_checkpoints(base, config.eval_steps),
+    };
+    let train = TrainConfig {
+        mode: TrainMode::Full,
+        ..train_config(config)
+    };
+    let (trained, summary) = Trainer::new(train, &loss)
+        .observer(&mut watcher)
+        .run(Eagle3Model { draft }, &examples.examples)?;
+    let measured = match watcher.eval.take() {
+        Some(CheckpointEval { error: Some(e), .. }) => return Err(e),
+        Some(e) => e.results,
+        None => Vec::new(),
+    };
+    let last_log = watcher.last_log.take();
+    timer.end(Phase::Train);
+
+    if eval.file.is_some() {
+        observer.on_phase(Phase::EvalAfter);
+        eval.after(
+            &kd_eval::Eagle3Drafter::new(&trained.draft, layers),
+            &summary,
+            &measured,
+            tb,
+            observer,
+        )?;
+        timer.end(Phase::EvalAfter);
+    }
+    Ok(Trained {
+        summary,
+        on_policy: None,
+        last_log,
+    })
+}
+
+/// Share of the examples' completion tokens inside the draft vocabulary.
+fn vocab_coverage(vocab: &DraftVocab, examples: &[Example]) -> f64 {
+    let inside: std::collections::HashSet<u32> = vocab.target_ids().iter().copied().collect();
+    let (mut hit, mut all) = (0usize, 0usize);
+    for l in examples.iter().flat_map(|e| &e.labels) {
+        if *l >= 0 {
+            all += 1;
+            hit += inside.contains(&(*l as u32)) as usize;
+        }
+    }
+    if all == 0 {
+        1.0
+    } else {
+        hit as f64 / all as f64
     }
 }

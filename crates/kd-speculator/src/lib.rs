@@ -31,8 +31,10 @@ mod config;
 mod data;
 pub mod eagle3;
 mod error;
+mod export;
 mod loss;
 mod observe;
+mod plan;
 mod run;
 mod settings;
 mod setup;
@@ -40,15 +42,20 @@ mod teacher;
 mod tools;
 
 pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance};
-pub use config::{SpeculatorConfig, default_draft_devices, default_target_devices};
+pub use config::{
+    DEFAULT_DRAFT_VOCAB_SIZE, DraftMethod, SpeculatorConfig, default_draft_devices,
+    default_target_devices,
+};
 pub use data::{
     Examples, LongPrompts, PromptSet, build_examples, drop_long_prompts, eval_count, load_prompts,
     prompt_limit,
 };
 pub use error::{PipelineError, Result, error_report};
+pub use export::{ExportConfig, ExportTarget, export};
 pub use kd_pipeline::{EXIT_STOPPED, QuietRank, StopSignals, exit_status};
 pub use loss::{SpeculatorLoss, TeacherTargets};
 pub use observe::{Phase, Quiet, SpeculatorObserver};
+pub use plan::{Plan, plan};
 pub use run::{SpeculatorSummary, run};
 pub use settings::{eval_options, generation_params, lora_config, on_policy_config, train_config};
 pub use setup::{
@@ -56,6 +63,6 @@ pub use setup::{
     check_vocabularies, setup, teacher_cache_dir,
 };
 pub use tools::{
-    EvalConfig, EvalOutcome, KeepLayers, Plan, ServeTeacherConfig, adapter_base, derive_draft,
-    eval, merge, plan, serve_teacher,
+    EvalConfig, EvalOutcome, KeepLayers, ServeTeacherConfig, adapter_base, derive_draft, eval,
+    merge, serve_teacher,
 };

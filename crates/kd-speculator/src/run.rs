@@ -5,25 +5,22 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kd_eval::{EvalOptions, evaluate_across};
 use kd_lora::derive_seed;
 use kd_loss::HiddenProjection;
 use kd_model::Llama;
-use kd_teacher::{Generation, Scores, sequences_hash};
+use kd_teacher::{Generation, Scores};
 
 use crate::acceptance::{
-    AcceptanceFile, CheckpointAcceptance, CheckpointEval, TrainingWatcher, log_acceptance,
-    read_acceptance, write_acceptance, write_best,
+    Acceptance, AcceptanceFile, CheckpointAcceptance, CheckpointDraft, CheckpointEval,
+    TrainingWatcher,
 };
-use crate::config::SpeculatorConfig;
+use crate::config::{DraftMethod, SpeculatorConfig};
 use crate::data::{Examples, build_examples};
 use crate::error::{PipelineError, Result};
 use crate::loss::{SpeculatorLoss, TeacherTargets};
 use crate::observe::{Phase, SpeculatorObserver};
-use crate::settings::{
-    TeacherBackend, eval_options, load_teacher, lora_config, on_policy_config, train_config,
-};
-use crate::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, clear_run, setup};
+use crate::settings::{TeacherBackend, load_teacher, lora_config, on_policy_config, train_config};
+use crate::setup::{RUN_CONFIG_FILE, Setup, clear_run, setup};
 use crate::teacher::{generate_completions, score};
 use kd_pipeline::on_policy::OnPolicy;
 use kd_pipeline::on_policy::{OnPolicyData, OnPolicyTotals};
@@ -61,7 +58,9 @@ pub struct SpeculatorSummary {
 }
 
 /// Runs the pipeline: setup, the target's completions, its scores (when a loss term needs
-/// them), acceptance before training, training, acceptance after.
+/// them), acceptance before training, training, acceptance after. With
+/// `draft_method: eagle3` the draft is an EAGLE-3 head over the target's features instead of
+/// LoRA adapters on `draft_model` (no scoring phase: the target runs online in training).
 pub fn run(
     config: &SpeculatorConfig,
     observer: &mut dyn SpeculatorObserver,
@@ -88,10 +87,16 @@ pub fn run(
         None
     };
     let teacher = load_teacher(config, &setup)?;
-    let draft_base = Llama::load(&config.draft_model, &setup.draft_device)?;
-    if let Some(target) = teacher.target() {
-        kd_eval::check_pair(target, &draft_base)?;
-    }
+    let draft_base = match config.draft_method {
+        DraftMethod::Lora => {
+            let draft = Llama::load(&config.draft_model, &setup.draft_device)?;
+            if let Some(target) = teacher.target() {
+                kd_eval::check_pair(target, &draft)?;
+            }
+            Some(draft)
+        }
+        DraftMethod::Eagle3 => None,
+    };
     timer.end(Phase::Setup);
 
     observer.on_phase(Phase::Generate);
@@ -100,51 +105,27 @@ pub fn run(
     let examples = training_examples(config, &setup, &generations, observer, &mut warnings)?;
     timer.end(Phase::Generate);
 
-    // The target's hidden states and top-k log-probs, when a loss term of the off-policy rows
-    // needs them.
-    let scores = if config.use_distillation || off_policy_kd(config) {
-        observer.on_phase(Phase::Score);
-        let s = score(config, &setup, &teacher, &examples, &generations, observer)?;
-        timer.end(Phase::Score);
-        Some(s)
-    } else {
-        None
-    };
-
-    let (draft, projection) = init_draft(config, &setup, &draft_base, scores.as_deref())?;
-    let mut eval = Acceptance::new(config, &setup, &teacher, observer, &mut warnings);
+    let mut eval = Acceptance::new(config, &setup, &teacher, observer, &mut warnings.0);
     // Every rank decodes its share of the held-out prompts; rank 0 writes the results.
     let mut tb = if world.is_root() {
         Some(TensorBoard::create(&config.output_dir.join("runs"))?)
     } else {
         None
     };
-    if eval.file.is_some() {
-        observer.on_phase(Phase::EvalBefore);
-        eval.before(&draft, tb.as_mut(), observer)?;
-        timer.end(Phase::EvalBefore);
-    }
-
-    observer.on_phase(Phase::Train);
-    let trained = train_draft(TrainInputs {
+    let phases = Phases {
         config,
-        base_model,
-        draft,
-        projection,
-        draft_base: &draft_base,
+        setup: &setup,
         teacher: &teacher,
         examples: &examples,
-        scores: scores.as_deref(),
-        eval: &eval,
+        timer: &mut timer,
+        tb: tb.as_mut(),
+        eval: &mut eval,
         observer,
-    })?;
-    timer.end(Phase::Train);
-
-    if eval.file.is_some() {
-        observer.on_phase(Phase::EvalAfter);
-        eval.after(&trained, tb.as_mut(), observer)?;
-        timer.end(Phase::EvalAfter);
-    }
+    };
+    let trained = match &draft_base {
+        Some(draft_base) => train_lora(phases, draft_base, base_model, &generations)?,
+        None => crate::eagle3::train_eagle3(phases)?,
+    };
 
     Ok(SpeculatorSummary {
         output_dir: config.output_dir.clone(),
@@ -168,6 +149,86 @@ pub fn run(
         acceptance: eval.file,
         warnings: warnings.0,
     })
+}
+
+/// What the phases after generation share: the run's inputs, its clock, TensorBoard and the
+/// acceptance measurement.
+pub(crate) struct Phases<'a, 'b> {
+    pub(crate) config: &'a SpeculatorConfig,
+    pub(crate) setup: &'a Setup,
+    pub(crate) teacher: &'a TeacherBackend,
+    pub(crate) examples: &'a Examples,
+    pub(crate) timer: &'b mut PhaseTimer,
+    pub(crate) tb: Option<&'b mut TensorBoard>,
+    pub(crate) eval: &'b mut Acceptance<'a>,
+    pub(crate) observer: &'b mut dyn SpeculatorObserver,
+}
+
+/// The LoRA draft's phases: the target's scores (when a loss term needs them), acceptance
+/// before, training, acceptance after.
+fn train_lora(
+    phases: Phases<'_, '_>,
+    draft_base: &Llama,
+    base_model: String,
+    generations: &[Generation],
+) -> Result<Trained> {
+    let Phases {
+        config,
+        setup,
+        teacher,
+        examples,
+        timer,
+        mut tb,
+        eval,
+        observer,
+    } = phases;
+    // The target's hidden states and top-k log-probs, when a loss term of the off-policy rows
+    // needs them.
+    let scores = if config.use_distillation || off_policy_kd(config) {
+        observer.on_phase(Phase::Score);
+        let s = score(config, setup, teacher, examples, generations, observer)?;
+        timer.end(Phase::Score);
+        Some(s)
+    } else {
+        None
+    };
+
+    let (draft, projection) = init_draft(config, setup, draft_base, scores.as_deref())?;
+    if eval.file.is_some() {
+        observer.on_phase(Phase::EvalBefore);
+        let merged = draft.clone().merge_and_unload();
+        eval.before(&merged, tb.as_deref_mut(), observer)?;
+        timer.end(Phase::EvalBefore);
+    }
+
+    observer.on_phase(Phase::Train);
+    let trained = train_draft(TrainInputs {
+        config,
+        base_model,
+        draft,
+        projection,
+        draft_base,
+        teacher,
+        examples,
+        scores: scores.as_deref(),
+        eval,
+        observer,
+    })?;
+    timer.end(Phase::Train);
+
+    if eval.file.is_some() {
+        observer.on_phase(Phase::EvalAfter);
+        let merged = trained.draft.clone().merge_and_unload();
+        eval.after(
+            &merged,
+            &trained.trained.summary,
+            &trained.checkpoints,
+            tb,
+            observer,
+        )?;
+        timer.end(Phase::EvalAfter);
+    }
+    Ok(trained.trained)
 }
 
 /// Non-fatal problems, each told to the observer as it is met and kept for the summary.
@@ -262,146 +323,6 @@ fn init_draft(
     Ok((draft, projection))
 }
 
-/// The acceptance measurement of a run on the held-out prompts (absent when the target is
-/// remote only or no prompt is held out), and `acceptance.json`.
-struct Acceptance<'a> {
-    target: Option<&'a Llama>,
-    prompts: Vec<Vec<u32>>,
-    options: EvalOptions,
-    path: PathBuf,
-    output_dir: &'a std::path::Path,
-    file: Option<AcceptanceFile>,
-}
-
-impl<'a> Acceptance<'a> {
-    fn new(
-        config: &'a SpeculatorConfig,
-        setup: &Setup,
-        teacher: &'a TeacherBackend,
-        observer: &mut dyn SpeculatorObserver,
-        warnings: &mut Warnings,
-    ) -> Self {
-        let prompts = setup.prompts.eval_ids();
-        let options = eval_options(config);
-        let target = teacher.target().filter(|_| !prompts.is_empty());
-        let file = target.map(|_| AcceptanceFile {
-            options: options.clone(),
-            prompts: prompts.len(),
-            prompts_hash: sequences_hash(&prompts),
-            before: None,
-            after: None,
-            checkpoints: Vec::new(),
-            best_checkpoint: None,
-        });
-        if prompts.is_empty() {
-            let w = "no prompt is held out (--eval_fraction 0): acceptance is not measured";
-            warnings.push(observer, w.to_string());
-        }
-        Self {
-            target,
-            prompts,
-            options,
-            path: config.output_dir.join(ACCEPTANCE_FILE),
-            output_dir: &config.output_dir,
-            file,
-        }
-    }
-
-    /// Acceptance of the untrained draft (reused from `acceptance.json` when a resumed run
-    /// measured it with the same options and prompts).
-    fn before(
-        &mut self,
-        draft: &Llama,
-        tb: Option<&mut TensorBoard>,
-        observer: &mut dyn SpeculatorObserver,
-    ) -> Result<()> {
-        let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
-            return Ok(());
-        };
-        let previous = read_acceptance(&self.path)
-            .filter(|p| p.options == file.options && p.prompts_hash == file.prompts_hash);
-        let before = match previous.and_then(|p| p.before) {
-            Some(before) => before,
-            None => {
-                let merged = draft.clone().merge_and_unload();
-                evaluate_across(
-                    kd_dist::world(),
-                    target,
-                    &merged,
-                    &self.prompts,
-                    &self.options,
-                    |phase, d, t| observer.on_eval_progress(phase, d, t),
-                )?
-            }
-        };
-        observer.on_acceptance("before", &before);
-        file.before = Some(before.clone());
-        // Rank 0 writes (the only one with a TensorBoard).
-        let Some(tb) = tb else {
-            return Ok(());
-        };
-        log_acceptance(tb, &before, 0)?;
-        write_acceptance(&self.path, file)
-    }
-
-    /// Acceptance of the trained draft; every measured checkpoint (the last one included)
-    /// competes for the best, which is recorded and linked.
-    fn after(
-        &mut self,
-        trained: &TrainedDraft,
-        tb: Option<&mut TensorBoard>,
-        observer: &mut dyn SpeculatorObserver,
-    ) -> Result<()> {
-        let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
-            return Ok(());
-        };
-        let summary = &trained.summary;
-        let merged = trained.draft.clone().merge_and_unload();
-        let after = evaluate_across(
-            kd_dist::world(),
-            target,
-            &merged,
-            &self.prompts,
-            &self.options,
-            |phase, d, t| observer.on_eval_progress(phase, d, t),
-        )?;
-        observer.on_acceptance("after", &after);
-        // Rank 0 writes (the only one with a TensorBoard).
-        let Some(tb) = tb else {
-            file.after = Some(after);
-            return Ok(());
-        };
-        log_acceptance(tb, &after, summary.global_step)?;
-        for c in &trained.checkpoints {
-            log_acceptance(tb, &c.report, c.step)?;
-        }
-        // The last checkpoint holds the trained draft: it competes for the best too.
-        let mut checkpoints = trained.checkpoints.clone();
-        if let Some(last) = summary.checkpoints.last()
-            && !checkpoints.iter().any(|c| &c.checkpoint == last)
-        {
-            checkpoints.push(CheckpointAcceptance {
-                checkpoint: last.clone(),
-                step: summary.global_step,
-                report: after.clone(),
-            });
-        }
-        file.after = Some(after);
-        file.checkpoints = checkpoints;
-        file.best_checkpoint = file
-            .checkpoints
-            .iter()
-            .max_by(|a, b| {
-                a.report
-                    .mean_accepted_length
-                    .total_cmp(&b.report.mean_accepted_length)
-            })
-            .map(|c| c.checkpoint.clone());
-        write_acceptance(&self.path, file)?;
-        write_best(self.output_dir, summary.checkpoints.last(), file)
-    }
-}
-
 /// What the training phase needs.
 struct TrainInputs<'a, 'o> {
     config: &'a SpeculatorConfig,
@@ -417,12 +338,17 @@ struct TrainInputs<'a, 'o> {
     observer: &'o mut dyn SpeculatorObserver,
 }
 
-/// What the training phase produced.
+/// What training produced, whatever the draft.
+pub(crate) struct Trained {
+    pub(crate) summary: TrainSummary,
+    pub(crate) on_policy: Option<OnPolicyTotals>,
+    pub(crate) last_log: Option<LogRecord>,
+}
+
+/// What the LoRA training phase produced.
 struct TrainedDraft {
     draft: Llama,
-    summary: TrainSummary,
-    on_policy: Option<OnPolicyTotals>,
-    last_log: Option<LogRecord>,
+    trained: Trained,
     /// Acceptance of the checkpoints measured during training (`--eval_steps`).
     checkpoints: Vec<CheckpointAcceptance>,
 }
@@ -466,20 +392,7 @@ fn train_draft(inputs: TrainInputs<'_, '_>) -> Result<TrainedDraft> {
     let mut wrapper = TrainingWatcher {
         inner: observer,
         last_log: None,
-        eval: eval
-            .file
-            .as_ref()
-            .and(eval.target)
-            .map(|target| CheckpointEval {
-                target,
-                base: draft_base,
-                prompts: &eval.prompts,
-                options: &eval.options,
-                every: config.eval_steps,
-                last_step: 0,
-                results: Vec::new(),
-                error: None,
-            }),
+        eval: eval.at_checkpoints(CheckpointDraft::Lora(draft_base), config.eval_steps),
     };
     let mut on_policy = OnPolicyData::new(OnPolicy {
         config: on_policy_config(config),
@@ -499,9 +412,11 @@ fn train_draft(inputs: TrainInputs<'_, '_>) -> Result<TrainedDraft> {
     };
     Ok(TrainedDraft {
         draft: trained.llama,
-        summary,
-        on_policy: on_policy.totals().cloned(),
-        last_log: wrapper.last_log.take(),
+        trained: Trained {
+            summary,
+            on_policy: on_policy.totals().cloned(),
+            last_log: wrapper.last_log.take(),
+        },
         checkpoints,
     })
 }
@@ -511,7 +426,7 @@ pub(crate) fn off_policy_kd(config: &SpeculatorConfig) -> bool {
     config.kd_weight > 0.0 && config.on_policy_ratio < 1.0
 }
 
-struct PhaseTimer {
+pub(crate) struct PhaseTimer {
     phases: Vec<(Phase, f64)>,
     since: Instant,
 }
@@ -525,7 +440,7 @@ impl PhaseTimer {
     }
 
     /// Records the time since the previous phase ended (or the run started).
-    fn end(&mut self, phase: Phase) {
+    pub(crate) fn end(&mut self, phase: Phase) {
         self.phases
             .push((phase, self.since.elapsed().as_secs_f64()));
         self.since = Instant::now();

@@ -8,7 +8,7 @@ use burn::tensor::Device;
 use kd_data::ChatTokenizer;
 use kd_model::{LlamaConfig, parse_device_list};
 
-use crate::config::SpeculatorConfig;
+use crate::config::{DEFAULT_DRAFT_VOCAB_SIZE, DraftMethod, SpeculatorConfig};
 use crate::data::{PromptSet, load_prompts, prompt_limit};
 use crate::error::{PipelineError, Result};
 use kd_pipeline::ranks::rank_device;
@@ -30,7 +30,8 @@ pub struct Setup {
     pub draft_device: Device,
     /// The target's configuration, when the target is a local directory.
     pub target_config: Option<LlamaConfig>,
-    /// The draft's configuration.
+    /// The draft's configuration (with an EAGLE-3 draft, the target's: the draft shares its
+    /// vocabulary and width).
     pub draft_config: LlamaConfig,
     /// The tokenizer prompts are rendered with (the target's when local, else the draft's).
     pub tokenizer: ChatTokenizer,
@@ -188,13 +189,19 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
     )?;
     warnings.extend(unused);
     check_output_dir(config)?;
-    let draft_config = model_config("draft_model", &config.draft_model)?;
-    let draft_tokenizer = ChatTokenizer::from_dir(&config.draft_model)?
-        .with_template_variables(&config.chat_template_kwargs)?;
+    let eagle3 = config.draft_method == DraftMethod::Eagle3;
     let target_local = is_model_dir(&config.target_model);
     let target_config = match (&config.teacher_url, target_local) {
         (None, _) => Some(model_config("target_model", &config.target_model)?),
         (Some(_), true) => Some(model_config("target_model", &config.target_model)?),
+        (Some(url), false) if eagle3 => {
+            return Err(PipelineError::Config(format!(
+                "--target_model {} is not a local model directory: an EAGLE-3 draft is trained on \
+                 the target's hidden states, computed here (the server at {url} may still \
+                 generate the completions)",
+                config.target_model.display()
+            )));
+        }
         (Some(url), false) => {
             warnings.push(format!(
                 "--target_model {} is not a local directory: the target is only reachable at \
@@ -214,12 +221,32 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
         } else {
             None
         };
-    check_vocabularies(
-        target_config
-            .as_ref()
-            .map(|c| (c, target_tokenizer.as_ref())),
-        (&draft_config, &draft_tokenizer),
-    )?;
+    // An EAGLE-3 draft has no model of its own: it shares the target's vocabulary and width.
+    let (draft_config, draft_tokenizer) = match (eagle3, &target_config) {
+        (true, Some(tc)) => {
+            if target_tokenizer.is_none() {
+                return Err(PipelineError::Config(format!(
+                    "--target_model {} has no tokenizer (tokenizer.json or a GGUF's \
+                     vocabulary): an EAGLE-3 run renders the prompts with it",
+                    config.target_model.display()
+                )));
+            }
+            check_eagle3_settings(config, tc)?;
+            (tc.clone(), None)
+        }
+        _ => {
+            let dc = model_config("draft_model", &config.draft_model)?;
+            let dt = ChatTokenizer::from_dir(&config.draft_model)?
+                .with_template_variables(&config.chat_template_kwargs)?;
+            check_vocabularies(
+                target_config
+                    .as_ref()
+                    .map(|c| (c, target_tokenizer.as_ref())),
+                (&dc, &dt),
+            )?;
+            (dc, Some(dt))
+        }
+    };
     if config.use_distillation
         && let Some(tc) = &target_config
     {
@@ -242,7 +269,9 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
             }
         }
     }
-    let tokenizer = target_tokenizer.unwrap_or(draft_tokenizer);
+    let Some(tokenizer) = target_tokenizer.or(draft_tokenizer) else {
+        unreachable!("a LoRA run reads the draft's tokenizer; an EAGLE-3 run the target's")
+    };
     check_data_dir(&config.data_dir)?;
     let mut models = vec![("draft", draft_config.max_position_embeddings)];
     if let Some(tc) = &target_config {
@@ -268,6 +297,47 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
         prompts,
         warnings,
     })
+}
+
+/// The EAGLE-3 settings that depend on the target: feature layers within its hidden states,
+/// a draft vocabulary no larger than its own.
+fn check_eagle3_settings(config: &SpeculatorConfig, target: &LlamaConfig) -> Result<()> {
+    let layers = target.num_hidden_layers;
+    if let Some(l) = config.aux_layers.iter().find(|l| **l == 0 || **l >= layers) {
+        return Err(PipelineError::Config(format!(
+            "--aux_layers {l}: expected 1 to {} for a target of {layers} layers (Hugging Face's \
+             hidden_states[i], the input of decoder layer i, which SGLang, vLLM and llama.cpp \
+             capture)",
+            layers.saturating_sub(1)
+        )));
+    }
+    if let Some(n) = config.draft_vocab_size
+        && n > target.vocab_size
+    {
+        return Err(PipelineError::Config(format!(
+            "--draft_vocab_size {n} is larger than the target's vocabulary ({} tokens): choose \
+             at most {}",
+            target.vocab_size, target.vocab_size
+        )));
+    }
+    Ok(())
+}
+
+/// The draft vocabulary size of an EAGLE-3 run: `--draft_vocab_size`, else SpecForge's 32,000
+/// or the target's vocabulary when smaller.
+pub fn draft_vocab_size(config: &SpeculatorConfig, target_vocab: usize) -> usize {
+    config
+        .draft_vocab_size
+        .unwrap_or(DEFAULT_DRAFT_VOCAB_SIZE.min(target_vocab))
+}
+
+/// The target layers an EAGLE-3 draft of this run reads: `--aux_layers`, else
+/// `[2, L/2, L − 3]`.
+pub fn aux_layers(config: &SpeculatorConfig, target: &LlamaConfig) -> [usize; 3] {
+    match config.aux_layers.as_slice() {
+        &[a, b, c] => [a, b, c],
+        _ => crate::eagle3::default_feature_layers(target.num_hidden_layers),
+    }
 }
 
 /// Where the teacher cache of a run lives.

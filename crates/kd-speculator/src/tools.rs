@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use kd_data::{ChatTokenizer, OpenAiBatchSource, Sampling};
-use kd_eval::{AcceptanceReport, EvalOptions, EvalPhase, evaluate_across};
-use kd_model::{Llama, LlamaConfig, SaveDType, parse_device};
+use kd_eval::{AcceptanceReport, Eagle3Drafter, EvalOptions, EvalPhase, evaluate_across};
+use kd_model::{Eagle3Draft, Llama, SaveDType, parse_device};
 use kd_pipeline::models::local_model;
 use kd_teacher::{LocalTeacher, ServeConfig, ServerHandle, model_fingerprint, spawn_server};
 use serde::{Deserialize, Serialize};
@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::SpeculatorConfig;
 use crate::data::{LongPrompts, drop_long_prompts, prompt_limit};
 use crate::error::{PipelineError, Result};
-use crate::settings::{eval_options, generation_params, lora_config, train_config};
-use crate::setup::{check_data_dir, check_vocabularies, is_model_dir, setup, teacher_cache_dir};
+use crate::settings::eval_options;
+use crate::setup::{check_data_dir, check_vocabularies, is_model_dir};
 
 /// What `speculator eval` measures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,7 +22,7 @@ use crate::setup::{check_data_dir, check_vocabularies, is_model_dir, setup, teac
 pub struct EvalConfig {
     /// Target model directory.
     pub target_model: PathBuf,
-    /// Draft model directory.
+    /// Draft model directory, or an EAGLE-3 draft directory.
     pub draft_model: PathBuf,
     /// A PEFT adapter applied to the draft (a checkpoint directory of this pipeline or any
     /// PEFT adapter).
@@ -66,24 +66,45 @@ pub struct EvalOutcome {
 }
 
 /// The acceptance report of `config.draft_model` (plus adapter) serving
-/// `config.target_model` on the prompts of `config.data_dir`.
+/// `config.target_model` on the prompts of `config.data_dir`. `draft_model` may also be an
+/// EAGLE-3 draft directory (a checkpoint of `--draft_method eagle3`, or SpecForge's), which
+/// reads the target layers its `config.json` names (else `[2, L/2, L − 3]`).
 pub fn eval(
     config: &EvalConfig,
     mut progress: impl FnMut(EvalPhase, usize, usize),
 ) -> Result<EvalOutcome> {
     let device = parse_device(&config.device)?;
+    // An EAGLE-3 draft directory (ours or SpecForge's) has no model or tokenizer of its own.
+    let eagle3 = kd_model::is_eagle3_dir(&config.draft_model);
     let config = &EvalConfig {
         target_model: local_model(&config.target_model)?,
-        draft_model: local_model(&config.draft_model)?,
+        draft_model: if eagle3 {
+            config.draft_model.clone()
+        } else {
+            local_model(&config.draft_model)?
+        },
         ..config.clone()
     };
+    if eagle3 && config.adapter.is_some() {
+        return Err(PipelineError::Config(format!(
+            "--draft_model {} is an EAGLE-3 draft: --adapter applies to a LoRA draft's base model",
+            config.draft_model.display()
+        )));
+    }
     let tc = kd_pipeline::models::model_config("target_model", &config.target_model)?;
-    let dc = kd_pipeline::models::model_config("draft_model", &config.draft_model)?;
     let target_tok = ChatTokenizer::from_dir(&config.target_model)?
         .with_template_variables(&config.chat_template_kwargs)?;
-    let draft_tok = ChatTokenizer::from_dir(&config.draft_model)?
-        .with_template_variables(&config.chat_template_kwargs)?;
-    check_vocabularies(Some((&tc, Some(&target_tok))), (&dc, &draft_tok))?;
+    let mut limits = vec![("target", tc.max_position_embeddings)];
+    let draft_config = if eagle3 {
+        None
+    } else {
+        let dc = kd_pipeline::models::model_config("draft_model", &config.draft_model)?;
+        let draft_tok = ChatTokenizer::from_dir(&config.draft_model)?
+            .with_template_variables(&config.chat_template_kwargs)?;
+        check_vocabularies(Some((&tc, Some(&target_tok))), (&dc, &draft_tok))?;
+        limits.push(("draft", dc.max_position_embeddings));
+        Some(dc)
+    };
     check_data_dir(&config.data_dir)?;
     let source = OpenAiBatchSource::from_data_dir(&config.data_dir)?;
     let records = Sampling {
@@ -94,13 +115,7 @@ pub fn eval(
     .apply(source.records())?;
     let conversations: Vec<_> = records.iter().map(|r| r.messages.clone()).collect();
     let prompts = target_tok.encode_prompts(&conversations)?;
-    let limit = prompt_limit(
-        None,
-        &[
-            ("target", tc.max_position_embeddings),
-            ("draft", dc.max_position_embeddings),
-        ],
-    );
+    let limit = prompt_limit(None, &limits);
     let (_, prompts, too_long) = drop_long_prompts(records, prompts, limit);
     if prompts.is_empty() {
         return Err(PipelineError::Config(format!(
@@ -112,19 +127,44 @@ pub fn eval(
         )));
     }
     let target = Llama::load_for_inference(&config.target_model, &device)?;
-    let mut draft = Llama::load(&config.draft_model, &device)?;
-    if let Some(adapter) = &config.adapter {
-        draft = draft.load_adapter(adapter)?.0.merge_and_unload();
-    }
     // Under mpirun, each rank decodes its share of the prompts; all return the merged report.
-    let report = evaluate_across(
-        kd_dist::world(),
-        &target,
-        &draft,
-        &prompts,
-        &config.options,
-        &mut progress,
-    )?;
+    let world = kd_dist::world();
+    let report = match draft_config {
+        None => {
+            let draft = Eagle3Draft::load(
+                &config.draft_model,
+                Some(target.embed_tokens.weight.val()),
+                &device,
+            )?;
+            let layers = draft
+                .config()
+                .aux_layers
+                .unwrap_or_else(|| crate::eagle3::default_feature_layers(tc.num_hidden_layers));
+            let drafter = Eagle3Drafter::new(&draft, layers);
+            evaluate_across(
+                world,
+                &target,
+                &drafter,
+                &prompts,
+                &config.options,
+                &mut progress,
+            )?
+        }
+        Some(_) => {
+            let mut draft = Llama::load(&config.draft_model, &device)?;
+            if let Some(adapter) = &config.adapter {
+                draft = draft.load_adapter(adapter)?.0.merge_and_unload();
+            }
+            evaluate_across(
+                world,
+                &target,
+                &draft,
+                &prompts,
+                &config.options,
+                &mut progress,
+            )?
+        }
+    };
     Ok(EvalOutcome { report, too_long })
 }
 
@@ -269,279 +309,4 @@ pub fn serve_teacher(config: &ServeTeacherConfig) -> Result<ServerHandle> {
         teacher = teacher.with_tokenizer(ChatTokenizer::from_dir(&target)?);
     }
     Ok(spawn_server(teacher, &config.listen, server)?)
-}
-
-/// What a run would do, established without reading any weight or writing anything.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
-    /// Labelled lines: what, and its value.
-    pub items: Vec<(String, String)>,
-    /// Non-fatal problems.
-    pub warnings: Vec<String>,
-}
-
-fn params(c: &LlamaConfig) -> String {
-    format!(
-        "{}, {} layers, hidden {}, vocab {}, {:.1}M parameters",
-        c.family,
-        c.num_hidden_layers,
-        c.hidden_size,
-        c.vocab_size,
-        c.num_parameters() as f64 / 1e6
-    )
-}
-
-/// The dry run: checks everything a run checks before loading weights and describes the
-/// run (sizes, steps, where files go).
-pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
-    let given = config;
-    let config = &config.with_local_models()?;
-    let s = setup(config)?;
-    let mut items = Vec::new();
-    let mut put = |k: &str, v: String| items.push((k.to_string(), v));
-    // Hub ids found in the Hugging Face cache: where they were found.
-    for (what, id, path) in [
-        ("target", &given.target_model, &config.target_model),
-        ("draft", &given.draft_model, &config.draft_model),
-    ] {
-        if id != path {
-            put(
-                &format!("{what} id"),
-                format!(
-                    "{} found in the Hugging Face cache: {}",
-                    id.display(),
-                    path.display()
-                ),
-            );
-        }
-    }
-    put(
-        "target",
-        match (&config.teacher_url, &s.target_config) {
-            (Some(url), Some(c)) => format!(
-                "{url} ({:?}); local copy: {}",
-                config.teacher_api,
-                params(c)
-            ),
-            (Some(url), None) => format!("{url} ({:?})", config.teacher_api),
-            (None, Some(c)) => format!(
-                "{} on {}: {}",
-                config.target_model.display(),
-                config.target_gpus,
-                params(c)
-            ),
-            (None, None) => unreachable!("setup requires a local target without a URL"),
-        },
-    );
-    put(
-        "draft",
-        format!(
-            "{} on {}: {}",
-            config.draft_model.display(),
-            config.draft_gpus,
-            params(&s.draft_config)
-        ),
-    );
-    let p = &s.prompts;
-    put(
-        "prompts",
-        format!(
-            "{} from {} ({} for training, {} held out for acceptance; {} skipped, {} too \
-             long for {} prompt tokens)",
-            p.records.len(),
-            config.data_dir.display(),
-            p.train.len(),
-            p.eval.len(),
-            p.skipped.total(),
-            p.too_long.ids.len(),
-            p.too_long.max_prompt_tokens
-        ),
-    );
-    let prompt_tokens: usize = p.train.iter().map(|i| p.ids[*i].len()).sum();
-    let g = generation_params(config);
-    put(
-        "generation",
-        format!(
-            "{} prompts ({prompt_tokens} prompt tokens), at most {} new tokens each, {}, batch {}",
-            p.train.len(),
-            g.max_new_tokens,
-            if g.temperature == 0.0 {
-                "greedy".to_string()
-            } else {
-                format!(
-                    "temperature {} top-p {} top-k {}",
-                    g.temperature, g.top_p, g.top_k
-                )
-            },
-            config.batch_size
-        ),
-    );
-    let cache = teacher_cache_dir(config);
-    let cached = std::fs::read_dir(cache.join("generations"))
-        .map(|it| {
-            it.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("shard-"))
-                .count()
-        })
-        .unwrap_or(0);
-    put(
-        "teacher cache",
-        format!(
-            "{} ({cached} generation shards already there)",
-            cache.display()
-        ),
-    );
-    let lora = lora_config(config);
-    let d = &s.draft_config;
-    let per_layer: usize = lora_param_count(d, &config.lora_target_modules, lora.r);
-    put(
-        "LoRA",
-        format!(
-            "r {} α {} dropout {} on {}: {:.2}M trainable parameters ({:.2}% of the draft)",
-            lora.r,
-            lora.alpha,
-            lora.dropout,
-            config.lora_target_modules.join(","),
-            (per_layer * d.num_hidden_layers) as f64 / 1e6,
-            100.0 * (per_layer * d.num_hidden_layers) as f64 / d.num_parameters() as f64
-        ),
-    );
-    let mut t = train_config(config);
-    // Across ranks the trainer splits each micro-batch N ways more.
-    let world = kd_dist::world();
-    t.accumulation_shards *= world.size();
-    if world.is_distributed() {
-        put(
-            "ranks",
-            format!(
-                "{} data-parallel ranks ({} on this machine), each on its share of every step",
-                world.size(),
-                world.local_size()
-            ),
-        );
-    }
-    let micro = p
-        .train
-        .len()
-        .div_ceil(t.train_batch_size * t.accumulation_shards);
-    let steps = micro.div_ceil(t.gradient_accumulation_steps) * t.num_epochs;
-    put(
-        "training",
-        format!(
-            "about {steps} optimizer steps ({} epochs × {} steps), effective batch {}, lr {:e} {} \
-             with {:.0}% warmup, weight decay {}, clip {}",
-            t.num_epochs,
-            micro.div_ceil(t.gradient_accumulation_steps),
-            t.effective_batch_size(),
-            t.learning_rate,
-            serde_json::to_value(t.scheduler_type)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
-            t.warmup_ratio * 100.0,
-            t.weight_decay,
-            t.max_grad_norm
-        ),
-    );
-    let mut loss = format!("{} · CE", config.ce_weight);
-    if config.use_distillation {
-        loss.push_str(&format!(
-            " + {} · hidden MSE{}",
-            config.distillation_weight,
-            match &s.target_config {
-                Some(tc) if tc.hidden_size != d.hidden_size =>
-                    format!(" (projection {} → {})", d.hidden_size, tc.hidden_size),
-                _ => String::new(),
-            }
-        ));
-    }
-    if config.kd_weight > 0.0 {
-        loss.push_str(&format!(
-            " + {} · {} over the target's top-{} at temperature {}",
-            config.kd_weight,
-            config.kd_objective().name(),
-            config.kd_topk,
-            config.temperature
-        ));
-    }
-    put("loss", loss);
-    if config.on_policy_ratio > 0.0 {
-        put(
-            "on-policy",
-            format!(
-                "{:.0}% of each step's rows completed by the draft (temperature {}, top-p {}, \
-                 ≤ {} tokens), scored by the target, learned by {} · {} only",
-                config.on_policy_ratio * 100.0,
-                config.on_policy_temperature,
-                config.on_policy_top_p,
-                config.on_policy_max_new_tokens(),
-                config.kd_weight,
-                config.kd_objective().name(),
-            ),
-        );
-    }
-    put(
-        "acceptance",
-        if p.eval.is_empty() || s.target_config.is_none() {
-            "not measured".to_string()
-        } else {
-            format!(
-                "{} held-out prompts, k = {}, {} new tokens, batch {}, {}; before and after training{}",
-                p.eval.len(),
-                config.eval_k,
-                config.eval_max_new_tokens,
-                config.eval_batch_size,
-                if config.eval_temperature == 0.0 {
-                    "greedy".to_string()
-                } else {
-                    format!("temperature {}", config.eval_temperature)
-                },
-                if config.eval_steps > 0 {
-                    format!(", and at checkpoints every {} steps", config.eval_steps)
-                } else {
-                    String::new()
-                }
-            )
-        },
-    );
-    put(
-        "output",
-        format!(
-            "{}: checkpoint-N/ (every {} steps, {} kept), checkpoint-epoch-E/, training_log.txt, \
-             runs/, acceptance.json; teacher cache {}",
-            config.output_dir.display(),
-            config.save_steps,
-            config.save_total_limit,
-            teacher_cache_dir(config).display()
-        ),
-    );
-    let mut warnings = s.warnings;
-    if let Some(holder) = kd_pipeline::RunLock::holder(&config.output_dir)? {
-        warnings.push(format!(
-            "{} is in use by another run ({holder}): this run would be refused until it ends",
-            config.output_dir.display()
-        ));
-    }
-    Ok(Plan { items, warnings })
-}
-
-/// LoRA parameters of one layer for the named modules.
-fn lora_param_count(c: &LlamaConfig, modules: &[String], r: usize) -> usize {
-    let (d, q, kv, i) = (
-        c.hidden_size,
-        c.num_attention_heads * c.head_dim,
-        c.num_key_value_heads * c.head_dim,
-        c.intermediate_size,
-    );
-    modules
-        .iter()
-        .map(|m| match m.as_str() {
-            "q_proj" => r * (d + q),
-            "k_proj" | "v_proj" => r * (d + kv),
-            "o_proj" => r * (q + d),
-            "gate_proj" | "up_proj" => r * (d + i),
-            "down_proj" => r * (i + d),
-            _ => 0,
-        })
-        .sum()
 }

@@ -11,7 +11,7 @@ use kd_teacher::{CacheProgress, LocalTeacher, ServeConfig, router};
 use kd_train::TrainObserver;
 use kd_train::checkpoint::read_state;
 
-use crate::fixtures;
+use crate::{copy_dir, fixtures};
 
 fn demo() -> PathBuf {
     fixtures().join("demo")
@@ -405,18 +405,6 @@ fn on_policy_rows_scored_by_a_remote_teacher_equal_a_local_one() {
         adapter(&a) == adapter(&b),
         "the remote teacher trained another draft"
     );
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), &target).unwrap();
-        }
-    }
 }
 
 #[test]

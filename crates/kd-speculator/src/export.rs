@@ -1,0 +1,102 @@
+//! `speculator export`: an EAGLE-3 draft directory written for the server that will run it.
+
+use std::path::{Path, PathBuf};
+
+use kd_model::{Eagle3Format, SpeculatorsVerifier, export_eagle3, is_eagle3_dir};
+use serde::{Deserialize, Serialize};
+
+use crate::config::SpeculatorConfig;
+use crate::error::{PipelineError, Result};
+use crate::setup::RUN_CONFIG_FILE;
+
+/// The servers an EAGLE-3 draft is exported for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportTarget {
+    /// SGLang (SpecForge's layout; vLLM reads it too, but takes the feature layers from the
+    /// top-level key only, which this layout also writes).
+    Sglang,
+    /// vLLM's `speculators` format.
+    Vllm,
+}
+
+/// What `speculator export` writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportConfig {
+    /// The draft: a checkpoint of `--draft_method eagle3`, or any EAGLE-3 directory.
+    pub draft: PathBuf,
+    /// Where the exported directory goes.
+    pub out: PathBuf,
+    /// For which server.
+    pub to: ExportTarget,
+    /// The target as the server names it (`--to vllm`): default, the run's `target_model`
+    /// (read from `speculator_config.json` beside the checkpoint).
+    pub verifier: Option<String>,
+    /// Tokens drafted per verification written into a `speculators` config.
+    pub speculative_tokens: usize,
+}
+
+/// Writes `config.draft` for its server, every tensor checked (a missing, misshapen or
+/// foreign key is an error naming it). Returns the verifier named (`--to vllm`).
+pub fn export(config: &ExportConfig) -> Result<Option<String>> {
+    let draft = &config.draft;
+    if !is_eagle3_dir(draft) {
+        return Err(PipelineError::Config(format!(
+            "--draft {}: not an EAGLE-3 draft directory (its config.json names neither \
+             LlamaForCausalLMEagle3 nor speculators_model_type eagle3); a LoRA checkpoint is \
+             served through `speculator merge`",
+            draft.display()
+        )));
+    }
+    let (format, verifier) = match config.to {
+        ExportTarget::Sglang => (Eagle3Format::SpecForge, None),
+        ExportTarget::Vllm => {
+            let name = match &config.verifier {
+                Some(v) => v.clone(),
+                None => run_target(draft)?,
+            };
+            let architectures = vec![verifier_architecture(&name)?];
+            (
+                Eagle3Format::Speculators(SpeculatorsVerifier {
+                    name_or_path: name.clone(),
+                    architectures,
+                    speculative_tokens: config.speculative_tokens,
+                }),
+                Some(name),
+            )
+        }
+    };
+    export_eagle3(draft, &config.out, &format)?;
+    Ok(verifier)
+}
+
+/// The `target_model` of the run a checkpoint belongs to.
+fn run_target(checkpoint: &Path) -> Result<String> {
+    let saved = checkpoint
+        .parent()
+        .map(|p| p.join(RUN_CONFIG_FILE))
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            PipelineError::Config(format!(
+                "--draft {} is not inside a run's output directory (no {RUN_CONFIG_FILE} beside \
+                 it): name the target with --verifier",
+                checkpoint.display()
+            ))
+        })?;
+    let text = std::fs::read_to_string(&saved).map_err(|e| PipelineError::io(&saved, e))?;
+    let run: SpeculatorConfig = serde_json::from_str(&text)
+        .map_err(|e| PipelineError::Config(format!("{}: {e}", saved.display())))?;
+    Ok(run.target_model.display().to_string())
+}
+
+/// The Hugging Face architecture of the verifier, from its configuration when it is found
+/// here (a directory, a GGUF file, or a hub id in the local cache).
+fn verifier_architecture(name: &str) -> Result<String> {
+    let path = kd_model::resolve_model_path(Path::new(name)).map_err(|e| {
+        PipelineError::Config(format!(
+            "--verifier {name}: {e} (its architecture goes into the speculators config)"
+        ))
+    })?;
+    let config = kd_pipeline::models::model_config("verifier", &path)?;
+    Ok(config.family.architecture().to_string())
+}

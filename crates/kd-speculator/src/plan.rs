@@ -1,0 +1,346 @@
+//! The dry run: everything a run checks before reading weights, and a description of the
+//! run (sizes, steps, where files go).
+
+use kd_model::LlamaConfig;
+
+use crate::config::{DraftMethod, SpeculatorConfig};
+use crate::error::Result;
+use crate::settings::{generation_params, lora_config, train_config};
+use crate::setup::{setup, teacher_cache_dir};
+
+/// What a run would do, established without reading any weight or writing anything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Labelled lines: what, and its value.
+    pub items: Vec<(String, String)>,
+    /// Non-fatal problems.
+    pub warnings: Vec<String>,
+}
+
+fn params(c: &LlamaConfig) -> String {
+    format!(
+        "{}, {} layers, hidden {}, vocab {}, {:.1}M parameters",
+        c.family,
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.vocab_size,
+        c.num_parameters() as f64 / 1e6
+    )
+}
+
+/// The dry run: checks everything a run checks before loading weights and describes the
+/// run (sizes, steps, where files go).
+pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
+    let given = config;
+    let config = &config.with_local_models()?;
+    let s = setup(config)?;
+    let mut items = Vec::new();
+    let mut put = |k: &str, v: String| items.push((k.to_string(), v));
+    // Hub ids found in the Hugging Face cache: where they were found.
+    for (what, id, path) in [
+        ("target", &given.target_model, &config.target_model),
+        ("draft", &given.draft_model, &config.draft_model),
+    ] {
+        if id != path {
+            put(
+                &format!("{what} id"),
+                format!(
+                    "{} found in the Hugging Face cache: {}",
+                    id.display(),
+                    path.display()
+                ),
+            );
+        }
+    }
+    put(
+        "target",
+        match (&config.teacher_url, &s.target_config) {
+            (Some(url), Some(c)) => format!(
+                "{url} ({:?}); local copy: {}",
+                config.teacher_api,
+                params(c)
+            ),
+            (Some(url), None) => format!("{url} ({:?})", config.teacher_api),
+            (None, Some(c)) => format!(
+                "{} on {}: {}",
+                config.target_model.display(),
+                config.target_gpus,
+                params(c)
+            ),
+            (None, None) => unreachable!("setup requires a local target without a URL"),
+        },
+    );
+    let eagle3 = config.draft_method == DraftMethod::Eagle3;
+    if !eagle3 {
+        put(
+            "draft",
+            format!(
+                "{} on {}: {}",
+                config.draft_model.display(),
+                config.draft_gpus,
+                params(&s.draft_config)
+            ),
+        );
+    }
+    let p = &s.prompts;
+    put(
+        "prompts",
+        format!(
+            "{} from {} ({} for training, {} held out for acceptance; {} skipped, {} too \
+             long for {} prompt tokens)",
+            p.records.len(),
+            config.data_dir.display(),
+            p.train.len(),
+            p.eval.len(),
+            p.skipped.total(),
+            p.too_long.ids.len(),
+            p.too_long.max_prompt_tokens
+        ),
+    );
+    let prompt_tokens: usize = p.train.iter().map(|i| p.ids[*i].len()).sum();
+    let g = generation_params(config);
+    put(
+        "generation",
+        format!(
+            "{} prompts ({prompt_tokens} prompt tokens), at most {} new tokens each, {}, batch {}",
+            p.train.len(),
+            g.max_new_tokens,
+            if g.temperature == 0.0 {
+                "greedy".to_string()
+            } else {
+                format!(
+                    "temperature {} top-p {} top-k {}",
+                    g.temperature, g.top_p, g.top_k
+                )
+            },
+            config.batch_size
+        ),
+    );
+    let cache = teacher_cache_dir(config);
+    let cached = std::fs::read_dir(cache.join("generations"))
+        .map(|it| {
+            it.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("shard-"))
+                .count()
+        })
+        .unwrap_or(0);
+    put(
+        "teacher cache",
+        format!(
+            "{} ({cached} generation shards already there)",
+            cache.display()
+        ),
+    );
+    if eagle3 {
+        for (k, v) in eagle3_plan(config, &s.draft_config) {
+            put(&k, v);
+        }
+    } else {
+        let lora = lora_config(config);
+        let d = &s.draft_config;
+        let per_layer: usize = lora_param_count(d, &config.lora_target_modules, lora.r);
+        put(
+            "LoRA",
+            format!(
+                "r {} α {} dropout {} on {}: {:.2}M trainable parameters ({:.2}% of the draft)",
+                lora.r,
+                lora.alpha,
+                lora.dropout,
+                config.lora_target_modules.join(","),
+                (per_layer * d.num_hidden_layers) as f64 / 1e6,
+                100.0 * (per_layer * d.num_hidden_layers) as f64 / d.num_parameters() as f64
+            ),
+        );
+    }
+    let mut t = train_config(config);
+    // Across ranks the trainer splits each micro-batch N ways more.
+    let world = kd_dist::world();
+    t.accumulation_shards *= world.size();
+    if world.is_distributed() {
+        put(
+            "ranks",
+            format!(
+                "{} data-parallel ranks ({} on this machine), each on its share of every step",
+                world.size(),
+                world.local_size()
+            ),
+        );
+    }
+    let micro = p
+        .train
+        .len()
+        .div_ceil(t.train_batch_size * t.accumulation_shards);
+    let steps = micro.div_ceil(t.gradient_accumulation_steps) * t.num_epochs;
+    put(
+        "training",
+        format!(
+            "about {steps} optimizer steps ({} epochs × {} steps), effective batch {}, lr {:e} {} \
+             with {:.0}% warmup, weight decay {}, clip {}",
+            t.num_epochs,
+            micro.div_ceil(t.gradient_accumulation_steps),
+            t.effective_batch_size(),
+            t.learning_rate,
+            serde_json::to_value(t.scheduler_type)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            t.warmup_ratio * 100.0,
+            t.weight_decay,
+            t.max_grad_norm
+        ),
+    );
+    if !eagle3 {
+        let d = &s.draft_config;
+        let mut loss = format!("{} · CE", config.ce_weight);
+        if config.use_distillation {
+            loss.push_str(&format!(
+                " + {} · hidden MSE{}",
+                config.distillation_weight,
+                match &s.target_config {
+                    Some(tc) if tc.hidden_size != d.hidden_size =>
+                        format!(" (projection {} → {})", d.hidden_size, tc.hidden_size),
+                    _ => String::new(),
+                }
+            ));
+        }
+        if config.kd_weight > 0.0 {
+            loss.push_str(&format!(
+                " + {} · {} over the target's top-{} at temperature {}",
+                config.kd_weight,
+                config.kd_objective().name(),
+                config.kd_topk,
+                config.temperature
+            ));
+        }
+        put("loss", loss);
+    }
+    if config.on_policy_ratio > 0.0 {
+        put(
+            "on-policy",
+            format!(
+                "{:.0}% of each step's rows completed by the draft (temperature {}, top-p {}, \
+                 ≤ {} tokens), scored by the target, learned by {} · {} only",
+                config.on_policy_ratio * 100.0,
+                config.on_policy_temperature,
+                config.on_policy_top_p,
+                config.on_policy_max_new_tokens(),
+                config.kd_weight,
+                config.kd_objective().name(),
+            ),
+        );
+    }
+    put(
+        "acceptance",
+        if p.eval.is_empty() || s.target_config.is_none() {
+            "not measured".to_string()
+        } else {
+            format!(
+                "{} held-out prompts, k = {}, {} new tokens, batch {}, {}; before and after training{}",
+                p.eval.len(),
+                config.eval_k,
+                config.eval_max_new_tokens,
+                config.eval_batch_size,
+                if config.eval_temperature == 0.0 {
+                    "greedy".to_string()
+                } else {
+                    format!("temperature {}", config.eval_temperature)
+                },
+                if config.eval_steps > 0 {
+                    format!(", and at checkpoints every {} steps", config.eval_steps)
+                } else {
+                    String::new()
+                }
+            )
+        },
+    );
+    put(
+        "output",
+        format!(
+            "{}: checkpoint-N/ (every {} steps, {} kept), checkpoint-epoch-E/, training_log.txt, \
+             runs/, acceptance.json; teacher cache {}",
+            config.output_dir.display(),
+            config.save_steps,
+            config.save_total_limit,
+            teacher_cache_dir(config).display()
+        ),
+    );
+    let mut warnings = s.warnings;
+    if let Some(holder) = kd_pipeline::RunLock::holder(&config.output_dir)? {
+        warnings.push(format!(
+            "{} is in use by another run ({holder}): this run would be refused until it ends",
+            config.output_dir.display()
+        ));
+    }
+    Ok(Plan { items, warnings })
+}
+
+/// The dry run's lines of an EAGLE-3 run: the draft, its features, its loss. `target` is the
+/// target's configuration (the draft's width and vocabulary).
+fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, String)> {
+    let layers = crate::setup::aux_layers(config, target);
+    let size = crate::setup::draft_vocab_size(config, target.vocab_size);
+    let d = target.hidden_size;
+    let (q, kv) = (
+        target.num_attention_heads * target.head_dim,
+        target.num_key_value_heads * target.head_dim,
+    );
+    let i = target.intermediate_size;
+    // fc, q/k/v over 2d, o, the MLP, three norms, the head over the draft vocabulary.
+    let trainable = 3 * d * d + 2 * d * (q + 2 * kv) + q * d + 3 * d * i + 4 * d + size * d;
+    let start = match &config.init_adapter {
+        Some(dir) => format!("from {}", dir.display()),
+        None => "fresh".to_string(),
+    };
+    let bytes_per_token = 3 * d * 4;
+    vec![
+        (
+            "draft".into(),
+            format!(
+                "EAGLE-3 head ({start}) on {}: one decoder layer of width {d}, draft vocabulary \
+                 {size} of {} tokens, {:.2}M trainable parameters; the target's embedding, \
+                 frozen, is not exported",
+                config.draft_gpus,
+                target.vocab_size,
+                trainable as f64 / 1e6
+            ),
+        ),
+        (
+            "features".into(),
+            format!(
+                "the target's hidden states {layers:?} (of 0..={}), computed online on every \
+                 micro-batch: nothing on disk (a cache would take {:.1} KB per token in f32)",
+                target.num_hidden_layers,
+                bytes_per_token as f64 / 1e3
+            ),
+        ),
+        (
+            "loss".into(),
+            format!(
+                "training-time test over {} steps: Σ_j 0.8^j · soft cross-entropy against the \
+                 target's distribution on the draft vocabulary",
+                config.ttt_length
+            ),
+        ),
+    ]
+}
+
+/// LoRA parameters of one layer for the named modules.
+fn lora_param_count(c: &LlamaConfig, modules: &[String], r: usize) -> usize {
+    let (d, q, kv, i) = (
+        c.hidden_size,
+        c.num_attention_heads * c.head_dim,
+        c.num_key_value_heads * c.head_dim,
+        c.intermediate_size,
+    );
+    modules
+        .iter()
+        .map(|m| match m.as_str() {
+            "q_proj" => r * (d + q),
+            "k_proj" | "v_proj" => r * (d + kv),
+            "o_proj" => r * (q + d),
+            "gate_proj" | "up_proj" => r * (d + i),
+            "down_proj" => r * (i + d),
+            _ => 0,
+        })
+        .sum()
+}
