@@ -6,7 +6,7 @@ use kd_model::LlamaConfig;
 use crate::config::{DraftMethod, SpeculatorConfig};
 use crate::error::Result;
 use crate::settings::{generation_params, lora_config, train_config};
-use crate::setup::{setup, teacher_cache_dir};
+use crate::setup::{Setup, setup, teacher_cache_dir};
 
 /// What a run would do, established without reading any weight or writing anything.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,24 +52,7 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
             );
         }
     }
-    put(
-        "target",
-        match (&config.teacher_url, &s.target_config) {
-            (Some(url), Some(c)) => format!(
-                "{url} ({:?}); local copy: {}",
-                config.teacher_api,
-                params(c)
-            ),
-            (Some(url), None) => format!("{url} ({:?})", config.teacher_api),
-            (None, Some(c)) => format!(
-                "{} on {}: {}",
-                config.target_model.display(),
-                config.target_gpus,
-                params(c)
-            ),
-            (None, None) => unreachable!("setup requires a local target without a URL"),
-        },
-    );
+    put("target", target_line(config, &s));
     let eagle3 = config.draft_method == DraftMethod::Eagle3;
     if !eagle3 {
         put(
@@ -97,25 +80,7 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
             p.too_long.max_prompt_tokens
         ),
     );
-    let prompt_tokens: usize = p.train.iter().map(|i| p.ids[*i].len()).sum();
-    let g = generation_params(config);
-    put(
-        "generation",
-        format!(
-            "{} prompts ({prompt_tokens} prompt tokens), at most {} new tokens each, {}, batch {}",
-            p.train.len(),
-            g.max_new_tokens,
-            if g.temperature == 0.0 {
-                "greedy".to_string()
-            } else {
-                format!(
-                    "temperature {} top-p {} top-k {}",
-                    g.temperature, g.top_p, g.top_k
-                )
-            },
-            config.batch_size
-        ),
-    );
+    put("generation", generation_line(config, p));
     let cache = teacher_cache_dir(config);
     let cached = std::fs::read_dir(cache.join("generations"))
         .map(|it| {
@@ -136,83 +101,13 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
             put(&k, v);
         }
     } else {
-        let lora = lora_config(config);
-        let d = &s.draft_config;
-        let per_layer: usize = lora_param_count(d, &config.lora_target_modules, lora.r);
-        put(
-            "LoRA",
-            format!(
-                "r {} α {} dropout {} on {}: {:.2}M trainable parameters ({:.2}% of the draft)",
-                lora.r,
-                lora.alpha,
-                lora.dropout,
-                config.lora_target_modules.join(","),
-                (per_layer * d.num_hidden_layers) as f64 / 1e6,
-                100.0 * (per_layer * d.num_hidden_layers) as f64 / d.num_parameters() as f64
-            ),
-        );
+        put("LoRA", lora_line(config, &s.draft_config));
     }
-    let mut t = train_config(config);
-    // Across ranks the trainer splits each micro-batch N ways more.
-    let world = kd_dist::world();
-    t.accumulation_shards *= world.size();
-    if world.is_distributed() {
-        put(
-            "ranks",
-            format!(
-                "{} data-parallel ranks ({} on this machine), each on its share of every step",
-                world.size(),
-                world.local_size()
-            ),
-        );
+    for (k, v) in training_items(config, p.train.len()) {
+        put(&k, v);
     }
-    let micro = p
-        .train
-        .len()
-        .div_ceil(t.train_batch_size * t.accumulation_shards);
-    let steps = micro.div_ceil(t.gradient_accumulation_steps) * t.num_epochs;
-    put(
-        "training",
-        format!(
-            "about {steps} optimizer steps ({} epochs × {} steps), effective batch {}, lr {:e} {} \
-             with {:.0}% warmup, weight decay {}, clip {}",
-            t.num_epochs,
-            micro.div_ceil(t.gradient_accumulation_steps),
-            t.effective_batch_size(),
-            t.learning_rate,
-            serde_json::to_value(t.scheduler_type)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
-            t.warmup_ratio * 100.0,
-            t.weight_decay,
-            t.max_grad_norm
-        ),
-    );
     if !eagle3 {
-        let d = &s.draft_config;
-        let mut loss = format!("{} · CE", config.ce_weight);
-        if config.use_distillation {
-            loss.push_str(&format!(
-                " + {} · hidden MSE{}",
-                config.distillation_weight,
-                match &s.target_config {
-                    Some(tc) if tc.hidden_size != d.hidden_size =>
-                        format!(" (projection {} → {})", d.hidden_size, tc.hidden_size),
-                    _ => String::new(),
-                }
-            ));
-        }
-        if config.kd_weight > 0.0 {
-            loss.push_str(&format!(
-                " + {} · {} over the target's top-{} at temperature {}",
-                config.kd_weight,
-                config.kd_objective().name(),
-                config.kd_topk,
-                config.temperature
-            ));
-        }
-        put("loss", loss);
+        put("loss", lora_loss(config, &s));
     }
     if config.on_policy_ratio > 0.0 {
         put(
@@ -229,30 +124,7 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
             ),
         );
     }
-    put(
-        "acceptance",
-        if p.eval.is_empty() || s.target_config.is_none() {
-            "not measured".to_string()
-        } else {
-            format!(
-                "{} held-out prompts, k = {}, {} new tokens, batch {}, {}; before and after training{}",
-                p.eval.len(),
-                config.eval_k,
-                config.eval_max_new_tokens,
-                config.eval_batch_size,
-                if config.eval_temperature == 0.0 {
-                    "greedy".to_string()
-                } else {
-                    format!("temperature {}", config.eval_temperature)
-                },
-                if config.eval_steps > 0 {
-                    format!(", and at checkpoints every {} steps", config.eval_steps)
-                } else {
-                    String::new()
-                }
-            )
-        },
-    );
+    put("acceptance", acceptance_line(config, &s));
     put(
         "output",
         format!(
@@ -272,6 +144,153 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
         ));
     }
     Ok(Plan { items, warnings })
+}
+
+/// The dry run's line on the target.
+fn target_line(config: &SpeculatorConfig, s: &Setup) -> String {
+    match (&config.teacher_url, &s.target_config) {
+        (Some(url), Some(c)) => format!(
+            "{url} ({:?}); local copy: {}",
+            config.teacher_api,
+            params(c)
+        ),
+        (Some(url), None) => format!("{url} ({:?})", config.teacher_api),
+        (None, Some(c)) => format!(
+            "{} on {}: {}",
+            config.target_model.display(),
+            config.target_gpus,
+            params(c)
+        ),
+        (None, None) => unreachable!("setup requires a local target without a URL"),
+    }
+}
+
+/// The dry run's line on the target's generation.
+fn generation_line(config: &SpeculatorConfig, p: &crate::data::PromptSet) -> String {
+    let prompt_tokens: usize = p.train.iter().map(|i| p.ids[*i].len()).sum();
+    let g = generation_params(config);
+    format!(
+        "{} prompts ({prompt_tokens} prompt tokens), at most {} new tokens each, {}, batch {}",
+        p.train.len(),
+        g.max_new_tokens,
+        if g.temperature == 0.0 {
+            "greedy".to_string()
+        } else {
+            format!(
+                "temperature {} top-p {} top-k {}",
+                g.temperature, g.top_p, g.top_k
+            )
+        },
+        config.batch_size
+    )
+}
+
+/// The dry run's lines on ranks and training steps.
+fn training_items(config: &SpeculatorConfig, train_prompts: usize) -> Vec<(String, String)> {
+    let mut items = Vec::new();
+    let mut t = train_config(config);
+    // Across ranks the trainer splits each micro-batch N ways more.
+    let world = kd_dist::world();
+    t.accumulation_shards *= world.size();
+    if world.is_distributed() {
+        items.push((
+            "ranks".to_string(),
+            format!(
+                "{} data-parallel ranks ({} on this machine), each on its share of every step",
+                world.size(),
+                world.local_size()
+            ),
+        ));
+    }
+    let micro = train_prompts.div_ceil(t.train_batch_size * t.accumulation_shards);
+    let steps = micro.div_ceil(t.gradient_accumulation_steps) * t.num_epochs;
+    items.push((
+        "training".to_string(),
+        format!(
+            "about {steps} optimizer steps ({} epochs × {} steps), effective batch {}, lr {:e} {} \
+             with {:.0}% warmup, weight decay {}, clip {}",
+            t.num_epochs,
+            micro.div_ceil(t.gradient_accumulation_steps),
+            t.effective_batch_size(),
+            t.learning_rate,
+            serde_json::to_value(t.scheduler_type)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            t.warmup_ratio * 100.0,
+            t.weight_decay,
+            t.max_grad_norm
+        ),
+    ));
+    items
+}
+
+/// The dry run's line on a LoRA draft's adapters.
+fn lora_line(config: &SpeculatorConfig, d: &LlamaConfig) -> String {
+    let lora = lora_config(config);
+    let per_layer: usize = lora_param_count(d, &config.lora_target_modules, lora.r);
+    format!(
+        "r {} α {} dropout {} on {}: {:.2}M trainable parameters ({:.2}% of the draft)",
+        lora.r,
+        lora.alpha,
+        lora.dropout,
+        config.lora_target_modules.join(","),
+        (per_layer * d.num_hidden_layers) as f64 / 1e6,
+        100.0 * (per_layer * d.num_hidden_layers) as f64 / d.num_parameters() as f64
+    )
+}
+
+/// The dry run's line on a LoRA draft's loss terms.
+fn lora_loss(config: &SpeculatorConfig, s: &Setup) -> String {
+    let d = &s.draft_config;
+    let mut loss = format!("{} · CE", config.ce_weight);
+    if config.use_distillation {
+        loss.push_str(&format!(
+            " + {} · hidden MSE{}",
+            config.distillation_weight,
+            match &s.target_config {
+                Some(tc) if tc.hidden_size != d.hidden_size =>
+                    format!(" (projection {} → {})", d.hidden_size, tc.hidden_size),
+                _ => String::new(),
+            }
+        ));
+    }
+    if config.kd_weight > 0.0 {
+        loss.push_str(&format!(
+            " + {} · {} over the target's top-{} at temperature {}",
+            config.kd_weight,
+            config.kd_objective().name(),
+            config.kd_topk,
+            config.temperature
+        ));
+    }
+    loss
+}
+
+/// The dry run's line on the acceptance measurement.
+fn acceptance_line(config: &SpeculatorConfig, s: &Setup) -> String {
+    let p = &s.prompts;
+    if p.eval.is_empty() || s.target_config.is_none() {
+        "not measured".to_string()
+    } else {
+        format!(
+            "{} held-out prompts, k = {}, {} new tokens, batch {}, {}; before and after training{}",
+            p.eval.len(),
+            config.eval_k,
+            config.eval_max_new_tokens,
+            config.eval_batch_size,
+            if config.eval_temperature == 0.0 {
+                "greedy".to_string()
+            } else {
+                format!("temperature {}", config.eval_temperature)
+            },
+            if config.eval_steps > 0 {
+                format!(", and at checkpoints every {} steps", config.eval_steps)
+            } else {
+                String::new()
+            }
+        )
+    }
 }
 
 /// The dry run's lines of an EAGLE-3 run: the draft, its features, its loss. `target` is the
