@@ -297,8 +297,8 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
         let pending: Vec<Vec<u32>> = rows.iter().map(|r| r.target_pending.clone()).collect();
         let batch = TokenBatch::from_rows(&pending, t_pad, PaddingSide::Left);
         let started = Instant::now();
-        let pass = target.forward_cached(&batch, &mut target_cache, &pass_options(1))?;
-        let features = concat_features(pass.hidden_states.clone());
+        let mut pass = target.forward_cached(&batch, &mut target_cache, &pass_options(1))?;
+        let features = concat_features(std::mem::take(&mut pass.hidden_states));
         let logits = to_host(pass.into_logits()?);
         stats.target_seconds += started.elapsed().as_secs_f64();
         stats.target_forwards += 1;
@@ -391,8 +391,8 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
             .collect();
         let batch = TokenBatch::from_rows(&verify, t_pad, PaddingSide::Left);
         let started = Instant::now();
-        let pass = target.forward_cached(&batch, &mut target_cache, &pass_options(k + 1))?;
-        let features = concat_features(pass.hidden_states.clone()).map(|f| {
+        let mut pass = target.forward_cached(&batch, &mut target_cache, &pass_options(k + 1))?;
+        let features = concat_features(std::mem::take(&mut pass.hidden_states)).map(|f| {
             let [b, s, d] = f.dims();
             f.slice([0..b, s - (k + 1)..s, 0..d])
         });

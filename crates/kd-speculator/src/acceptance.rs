@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::SpeculatorConfig;
 use crate::error::{PipelineError, Result};
 use crate::observe::SpeculatorObserver;
+use crate::run::Warnings;
 use crate::settings::{TeacherBackend, eval_options};
 use crate::setup::{ACCEPTANCE_FILE, Setup};
 use kd_train::checkpoint::{TRAINER_STATE_FILE, TrainerState, read_state};
@@ -173,7 +174,7 @@ impl<'a> Acceptance<'a> {
         setup: &Setup,
         teacher: &'a TeacherBackend,
         observer: &mut dyn SpeculatorObserver,
-        warnings: &mut Vec<String>,
+        warnings: &mut Warnings,
     ) -> Self {
         let prompts = setup.prompts.eval_ids();
         let options = eval_options(config);
@@ -189,8 +190,7 @@ impl<'a> Acceptance<'a> {
         });
         if prompts.is_empty() {
             let w = "no prompt is held out (--eval_fraction 0): acceptance is not measured";
-            observer.on_warning(w);
-            warnings.push(w.to_string());
+            warnings.push(observer, w.to_string());
         }
         Self {
             target,

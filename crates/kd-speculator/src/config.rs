@@ -430,9 +430,9 @@ impl SpeculatorConfig {
             }
         }
         if self.draft_method == DraftMethod::Eagle3 {
-            return self.validate_eagle3();
-        }
-        if self.ce_weight == 0.0
+            // The LoRA draft's loss terms do not apply (refused there by name).
+            self.validate_eagle3()?;
+        } else if self.ce_weight == 0.0
             && self.kd_weight == 0.0
             && !(self.use_distillation && self.distillation_weight > 0.0)
         {

@@ -235,6 +235,7 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
         mut tb,
         eval,
         observer,
+        warnings,
     } = phases;
     let Some(target) = teacher.target() else {
         return Err(PipelineError::Config(
@@ -270,7 +271,7 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
             draft.vocab().len(),
             100.0 * coverage
         );
-        observer.on_warning(&w);
+        warnings.push(observer, w);
     }
     if eval.file.is_some() {
         observer.on_phase(Phase::EvalBefore);

@@ -105,7 +105,7 @@ pub fn run(
     let examples = training_examples(config, &setup, &generations, observer, &mut warnings)?;
     timer.end(Phase::Generate);
 
-    let mut eval = Acceptance::new(config, &setup, &teacher, observer, &mut warnings.0);
+    let mut eval = Acceptance::new(config, &setup, &teacher, observer, &mut warnings);
     // Every rank decodes its share of the held-out prompts; rank 0 writes the results.
     let mut tb = if world.is_root() {
         Some(TensorBoard::create(&config.output_dir.join("runs"))?)
@@ -121,6 +121,7 @@ pub fn run(
         tb: tb.as_mut(),
         eval: &mut eval,
         observer,
+        warnings: &mut warnings,
     };
     let trained = match &draft_base {
         Some(draft_base) => train_lora(phases, draft_base, base_model, &generations)?,
@@ -162,6 +163,8 @@ pub(crate) struct Phases<'a, 'b> {
     pub(crate) tb: Option<&'b mut TensorBoard>,
     pub(crate) eval: &'b mut Acceptance<'a>,
     pub(crate) observer: &'b mut dyn SpeculatorObserver,
+    /// Non-fatal problems met on the way (the summary's).
+    pub(crate) warnings: &'b mut Warnings,
 }
 
 /// The LoRA draft's phases: the target's scores (when a loss term needs them), acceptance
@@ -181,6 +184,7 @@ fn train_lora(
         mut tb,
         eval,
         observer,
+        warnings: _,
     } = phases;
     // The target's hidden states and top-k log-probs, when a loss term of the off-policy rows
     // needs them.
@@ -233,10 +237,10 @@ fn train_lora(
 
 /// Non-fatal problems, each told to the observer as it is met and kept for the summary.
 #[derive(Default)]
-struct Warnings(Vec<String>);
+pub(crate) struct Warnings(Vec<String>);
 
 impl Warnings {
-    fn push(&mut self, observer: &mut dyn SpeculatorObserver, warning: String) {
+    pub(crate) fn push(&mut self, observer: &mut dyn SpeculatorObserver, warning: String) {
         observer.on_warning(&warning);
         self.0.push(warning);
     }

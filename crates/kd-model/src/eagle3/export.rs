@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use serde_json::{Value, json};
 
 use super::file::WeightsFile;
@@ -81,11 +81,7 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
     let config = Eagle3Config::from_file(src.join("config.json"))?;
     let path = src.join(WEIGHTS_FILE);
     let file = WeightsFile::open(&path)?;
-    let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Safetensors {
-        path: path.clone(),
-        message: e.to_string(),
-    })?;
+    let st = file.tensors();
     let from = layer_prefix(&file);
     let to = match format {
         Eagle3Format::SpecForge => "midlayer.",

@@ -25,7 +25,7 @@ impl WeightsFile {
         })
     }
 
-    fn tensors(&self) -> SafeTensors<'_> {
+    pub(super) fn tensors(&self) -> SafeTensors<'_> {
         SafeTensors::deserialize(&self.bytes).expect("checked when opened")
     }
 

@@ -20,3 +20,29 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// The bundled demo pair.
+pub fn demo() -> std::path::PathBuf {
+    fixtures().join("demo")
+}
+
+/// The demo pipeline at test size: 240 prompts (24 held out), 32 new tokens.
+pub fn small(out: &std::path::Path) -> kd_speculator::SpeculatorConfig {
+    kd_speculator::SpeculatorConfig {
+        target_model: demo().join("target"),
+        draft_model: demo().join("draft"),
+        data_dir: demo().join("data"),
+        output_dir: out.to_path_buf(),
+        max_samples: Some(240),
+        num_epochs: 3,
+        learning_rate: 3e-3,
+        lora_r: 16,
+        lora_alpha: 32.0,
+        max_new_tokens: 32,
+        eval_max_new_tokens: 32,
+        eval_fraction: 0.1,
+        save_steps: 1000,
+        logging_steps: 5,
+        ..kd_speculator::SpeculatorConfig::default()
+    }
+}

@@ -2,7 +2,7 @@
 //! outputs follow the seed's layout, a resumed run ends with the bytes of an uninterrupted
 //! one, and the errors a user meets say what and where.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -11,32 +11,7 @@ use kd_teacher::{CacheProgress, LocalTeacher, ServeConfig, router};
 use kd_train::TrainObserver;
 use kd_train::checkpoint::read_state;
 
-use crate::{copy_dir, fixtures};
-
-fn demo() -> PathBuf {
-    fixtures().join("demo")
-}
-
-/// The demo pipeline at test size: 240 prompts (24 held out), 32 new tokens.
-fn small(out: &Path) -> SpeculatorConfig {
-    SpeculatorConfig {
-        target_model: demo().join("target"),
-        draft_model: demo().join("draft"),
-        data_dir: demo().join("data"),
-        output_dir: out.to_path_buf(),
-        max_samples: Some(240),
-        num_epochs: 3,
-        learning_rate: 3e-3,
-        lora_r: 16,
-        lora_alpha: 32.0,
-        max_new_tokens: 32,
-        eval_max_new_tokens: 32,
-        eval_fraction: 0.1,
-        save_steps: 1000,
-        logging_steps: 5,
-        ..SpeculatorConfig::default()
-    }
-}
+use crate::{copy_dir, demo, fixtures, small};
 
 /// Records the teacher-cache progress of a run.
 #[derive(Default)]

@@ -4,38 +4,23 @@
 //! `speculator eval` takes, a resumed run ends with the bytes of an uninterrupted one, and the
 //! settings that cannot apply are refused by name.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kd_speculator::{DraftMethod, EvalConfig, Phase, SpeculatorConfig, SpeculatorObserver, run};
 use kd_train::TrainObserver;
 
-use crate::{copy_dir, fixtures};
+use crate::{copy_dir, demo, small};
 
-fn demo() -> PathBuf {
-    fixtures().join("demo")
-}
-
-/// The demo target at test size with an EAGLE-3 head: 240 prompts (24 held out).
-fn small(out: &Path) -> SpeculatorConfig {
+/// The demo run at test size (`small`) with an EAGLE-3 head: 240 prompts (24 held out).
+fn small_eagle3(out: &Path) -> SpeculatorConfig {
     SpeculatorConfig {
-        target_model: demo().join("target"),
         // Not read by an EAGLE-3 run: a path that does not exist proves it.
         draft_model: "no/such/draft".into(),
-        data_dir: demo().join("data"),
-        output_dir: out.to_path_buf(),
         draft_method: DraftMethod::Eagle3,
         draft_vocab_size: Some(256),
         aux_layers: vec![1, 2, 2],
         ttt_length: 3,
-        max_samples: Some(240),
-        num_epochs: 3,
-        learning_rate: 3e-3,
-        max_new_tokens: 32,
-        eval_max_new_tokens: 32,
-        eval_fraction: 0.1,
-        save_steps: 1000,
-        logging_steps: 5,
-        ..SpeculatorConfig::default()
+        ..small(out)
     }
 }
 
@@ -59,7 +44,7 @@ fn an_eagle3_head_learns_the_target_and_keeps_its_output() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let mut rec = Phases::default();
-    let summary = run(&small(&out), &mut rec).unwrap();
+    let summary = run(&small_eagle3(&out), &mut rec).unwrap();
     assert_eq!(summary.prompts, (240, 216, 24));
     assert_eq!(
         rec.0,
@@ -244,7 +229,7 @@ fn a_resumed_eagle3_run_ends_with_the_bytes_of_an_uninterrupted_one() {
     let config = SpeculatorConfig {
         num_epochs: 2,
         eval_fraction: 0.0,
-        ..small(&full)
+        ..small_eagle3(&full)
     };
     run(&config, &mut Phases::default()).unwrap();
     let cut = dir.path().join("cut");
@@ -271,7 +256,7 @@ fn eagle3_settings_that_cannot_apply_are_refused_by_name() {
     let err = |c: SpeculatorConfig| run(&c, &mut Phases::default()).unwrap_err().to_string();
     let e = err(SpeculatorConfig {
         draft_vocab_size: Some(5000),
-        ..small(&out)
+        ..small_eagle3(&out)
     });
     assert!(
         e.contains("--draft_vocab_size 5000") && e.contains("1024"),
@@ -279,22 +264,22 @@ fn eagle3_settings_that_cannot_apply_are_refused_by_name() {
     );
     let e = err(SpeculatorConfig {
         aux_layers: vec![1, 2, 9],
-        ..small(&out)
+        ..small_eagle3(&out)
     });
     assert!(e.contains("--aux_layers 9") && e.contains("1 to 2"), "{e}");
     let e = err(SpeculatorConfig {
         aux_layers: vec![1, 2],
-        ..small(&out)
+        ..small_eagle3(&out)
     });
     assert!(e.contains("--aux_layers"), "{e}");
     let e = err(SpeculatorConfig {
         use_distillation: true,
-        ..small(&out)
+        ..small_eagle3(&out)
     });
     assert!(e.contains("--use_distillation"), "{e}");
     let e = err(SpeculatorConfig {
         ttt_length: 0,
-        ..small(&out)
+        ..small_eagle3(&out)
     });
     assert!(e.contains("--ttt_length"), "{e}");
     // Nothing was written by the refused runs.
