@@ -68,6 +68,13 @@ struct Args {
     /// the draft alike.
     #[arg(long)]
     int8: bool,
+    /// Stop drafting at the first draft whose probability under the draft is below this
+    /// (llama.cpp's --draft-p-min; 0 always drafts k).
+    #[arg(long, default_value_t = 0.0)]
+    draft_p_min: f32,
+    /// Decode the draft from Q8_0 blocks of its weights (`Eagle3Draft::with_q8_0_weights`).
+    #[arg(long)]
+    draft_q8_0: bool,
 }
 
 struct Print;
@@ -126,7 +133,8 @@ fn main() -> Result<()> {
     let draft = match &args.draft {
         Some(dir) => Eagle3Draft::load(dir, Some(target.embed_tokens.weight.val()), &device)?,
         None => train_draft(&args, &target, &train, layers)?,
-    };
+    }
+    .with_q8_0_weights(args.draft_q8_0);
 
     // 3. Greedy decoding of the held-out prompts: the target alone, then with the draft.
     let mut options = GenerateOptions::greedy(args.max_new_tokens);
@@ -152,6 +160,7 @@ fn main() -> Result<()> {
         max_new_tokens: args.max_new_tokens,
         sampling: kd_model::Sampling::GREEDY,
         stop_token_ids: stop.clone(),
+        draft_p_min: args.draft_p_min,
     };
     let started = Instant::now();
     let mut ours = Vec::with_capacity(held_out.len());

@@ -84,6 +84,7 @@ fn main() -> Result<()> {
         max_new_tokens: args.new_tokens,
         stop_token_ids: vec![u32::MAX],
         sampling,
+        draft_p_min: 0.0,
     };
 
     let run_plain = |model: &Llama| -> Result<(f64, Vec<Vec<u32>>)> {

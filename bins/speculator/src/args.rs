@@ -326,6 +326,10 @@ pub struct TrainArgs {
     /// Sampling temperature when measuring acceptance (0 = greedy).
     #[arg(long, default_value_t = d().eval_temperature)]
     pub eval_temperature: f32,
+    /// When measuring acceptance, stop drafting a row at the first draft whose probability
+    /// under the draft is below this (llama.cpp's --draft-p-min); 0 always drafts --eval_k.
+    #[arg(long, default_value_t = d().eval_draft_p_min)]
+    pub eval_draft_p_min: f32,
     /// Draft hidden state distilled (output_hidden_states index; default the last).
     #[arg(long)]
     pub distill_draft_layer: Option<usize>,
@@ -418,6 +422,16 @@ pub struct EvalArgs {
     /// A draft/target cost ratio for the theoretical speedup (default: measured).
     #[arg(long)]
     pub cost_ratio: Option<f64>,
+    /// Stop drafting a row early at the first draft whose probability under the draft is below
+    /// this (llama.cpp's --draft-p-min); 0 always drafts --eval_k.
+    #[arg(long, default_value_t = 0.0)]
+    pub draft_p_min: f32,
+    /// Decode the target (a GGUF file) with 8-bit activations and integer dot products.
+    #[arg(long)]
+    pub target_int8: bool,
+    /// Decode an EAGLE-3 draft from Q8_0 blocks of its weights, made at load.
+    #[arg(long)]
+    pub draft_q8_0: bool,
     /// Chat template variables as a JSON object (e.g. '{"enable_thinking": false}').
     #[arg(long, default_value_t = JsonObject::default())]
     pub chat_template_kwargs: JsonObject,
@@ -443,12 +457,15 @@ impl EvalArgs {
             max_samples: Some(self.max_samples),
             device: self.device.clone(),
             chat_template_kwargs: self.chat_template_kwargs.0.clone(),
+            target_int8: self.target_int8,
+            draft_q8_0: self.draft_q8_0,
             options: EvalOptions {
                 spec: SpecConfig {
                     k: self.eval_k,
                     max_new_tokens: self.eval_max_new_tokens,
                     sampling: Sampling::temperature(self.eval_temperature),
                     stop_token_ids: Vec::new(),
+                    draft_p_min: self.draft_p_min,
                 },
                 batch_size: self.eval_batch_size,
                 seed: self.seed,

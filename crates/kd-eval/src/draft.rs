@@ -75,11 +75,12 @@ pub trait DraftSession {
     /// `previous[r]` is row r's draft of step `step − 1` (empty at step 0).
     fn propose(&mut self, step: usize, previous: &[u32]) -> Result<Vec<f32>>;
 
-    /// The round's verification: one outcome per active row (in row order). `features` are
-    /// the target's features over the round's verified pass, `[rows, k + 1, features]` (the
-    /// last verified token and the `k` drafts), for drafters that read them. Finished rows
-    /// are dropped; the remaining rows keep their order.
-    fn verified(&mut self, outcomes: &[RowOutcome], features: Option<Tensor<3>>) -> Result<()>;
+    /// The round's verification: one outcome per active row (in row order). For drafters that
+    /// read them, `features[r]` are the target's features at row r's verified positions,
+    /// `[1, tokens.len(), features]`: the last token verified before the round, then each
+    /// accepted draft. Finished rows are dropped; the remaining rows keep their order.
+    fn verified(&mut self, outcomes: &[RowOutcome], features: Option<Vec<Tensor<3>>>)
+    -> Result<()>;
 }
 
 /// Real tokens cached per row (0 for every row of an empty cache).
@@ -169,7 +170,11 @@ impl DraftSession for LlamaSession<'_> {
         Ok(to_host(logits))
     }
 
-    fn verified(&mut self, outcomes: &[RowOutcome], _features: Option<Tensor<3>>) -> Result<()> {
+    fn verified(
+        &mut self,
+        outcomes: &[RowOutcome],
+        _features: Option<Vec<Tensor<3>>>,
+    ) -> Result<()> {
         // The cache was fed the pending tokens and the first k − 1 drafts: it keeps the pending
         // tokens and the accepted drafts among those; when all k were accepted, the last draft
         // and the target's token are fed next round.
@@ -269,7 +274,7 @@ impl Drafter for Eagle3Drafter<'_> {
             let mut cache = DraftKvCache::new();
             let h = draft.forward_cached(
                 ids_tensor(&shifted, &device),
-                draft.fuse(features.clone().slice([r..r + 1, s - n..s, 0..f])),
+                draft.fuse_decoding(features.clone().slice([r..r + 1, s - n..s, 0..f])),
                 &mut cache,
             );
             rows.push(Eagle3Row {
@@ -316,7 +321,7 @@ impl DraftSession for Eagle3Session<'_> {
                 );
             }
             // Over the draft vocabulary; the rest of the target's stays at −∞ (probability 0).
-            let logits = to_host(self.draft.logits(row.h.clone()));
+            let logits = to_host(self.draft.logits_decoding(row.h.clone()));
             let slot = &mut out[r * self.vocab..(r + 1) * self.vocab];
             for (d, v) in logits.iter().enumerate() {
                 slot[self.draft.vocab().target_id(d) as usize] = *v;
@@ -325,28 +330,28 @@ impl DraftSession for Eagle3Session<'_> {
         Ok(out)
     }
 
-    fn verified(&mut self, outcomes: &[RowOutcome], features: Option<Tensor<3>>) -> Result<()> {
+    fn verified(
+        &mut self,
+        outcomes: &[RowOutcome],
+        features: Option<Vec<Tensor<3>>>,
+    ) -> Result<()> {
         let Some(features) = features else {
             return Err(EvalError::Config(
                 "an EAGLE-3 draft needs the target's features of every verification".into(),
             ));
         };
         let device = self.draft.fc.val().device();
-        let features = to_device(features, &device);
-        let [_, _, f] = features.dims();
         let rows = std::mem::take(&mut self.rows);
-        for (r, (mut row, o)) in rows.into_iter().zip(outcomes).enumerate() {
+        for ((mut row, o), features) in rows.into_iter().zip(outcomes).zip(features) {
             if o.done {
                 continue;
             }
             // The verified positions: the last verified token (paired with the first new token),
             // then each accepted draft; their features replace the draft's own guesses.
-            let n = o.tokens.len();
             row.cache.truncate(row.verified);
             let h = self.draft.forward_cached(
                 ids_tensor(&o.tokens, &device),
-                self.draft
-                    .fuse(features.clone().slice([r..r + 1, 0..n, 0..f])),
+                self.draft.fuse_decoding(to_device(features, &device)),
                 &mut row.cache,
             );
             row.h = last_position(h);

@@ -37,6 +37,12 @@ pub struct SpecConfig {
     pub sampling: Sampling,
     /// Ids that end a completion; the target's eos ids when empty.
     pub stop_token_ids: Vec<u32>,
+    /// A row stops drafting early, before `k`, at the first draft whose top probability under
+    /// the draft (after the sampling warp; the plain softmax when greedy) is below this, as
+    /// llama.cpp's `--draft-p-min` does; that token is not proposed. 0 (the default) always
+    /// drafts `k`. The target's output distribution does not change: the decision reads only
+    /// the draft. What it saves is the verification of drafts that were likely rejected.
+    pub draft_p_min: f32,
 }
 
 impl Default for SpecConfig {
@@ -46,6 +52,7 @@ impl Default for SpecConfig {
             max_new_tokens: 64,
             sampling: Sampling::GREEDY,
             stop_token_ids: Vec::new(),
+            draft_p_min: 0.0,
         }
     }
 }
@@ -57,7 +64,7 @@ pub struct SpecStats {
     pub k: usize,
     /// Verifications (target forward passes over drafted tokens), summed over rows.
     pub verify_steps: usize,
-    /// Drafted tokens (k per verification).
+    /// Drafted tokens (k per verification, fewer with `draft_p_min`).
     pub drafted: usize,
     /// Drafted tokens accepted.
     pub accepted: usize,
@@ -242,6 +249,13 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
             "k (tokens drafted per verification) must be at least 1".into(),
         ));
     }
+    if !(0.0..=1.0).contains(&config.draft_p_min) {
+        return Err(EvalError::Config(format!(
+            "draft_p_min is a probability in [0, 1], not {}",
+            config.draft_p_min
+        )));
+    }
+    let p_min = config.draft_p_min;
     let k = config.k;
     let vocab = target.config().vocab_size;
     let stop = if config.stop_token_ids.is_empty() {
@@ -352,16 +366,23 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
 
     while !rows.is_empty() {
         let n = rows.len();
-        // 1. The draft proposes k tokens per row, in a chain.
-        let mut drafts: Vec<Vec<u32>> = vec![Vec::with_capacity(k); n];
+        // 1. The draft proposes up to k tokens per row, in a chain. A row whose draft is not
+        //    confident enough stops drafting; its chain goes on (the draft's argmax, no draw)
+        //    while other rows draft, since the draft is fed every row's previous token.
+        let mut chain: Vec<Vec<u32>> = vec![Vec::with_capacity(k); n];
+        let mut drafted = vec![0usize; n];
+        let mut open = vec![true; n];
         let mut draft_logits: Vec<Vec<f32>> = Vec::with_capacity(k);
         // Sampling: each row's draft distributions q_1..q_k, kept for the verification.
         let mut draft_probs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
         for i in 0..k {
+            if !open.contains(&true) {
+                break;
+            }
             let previous: Vec<u32> = if i == 0 {
                 Vec::new()
             } else {
-                drafts.iter().map(|d| d[i - 1]).collect()
+                chain.iter().map(|c| c[i - 1]).collect()
             };
             let started = Instant::now();
             let logits = session.propose(i, &previous)?;
@@ -369,32 +390,49 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
             stats.draft_forwards += 1;
             for (r, row) in rows.iter_mut().enumerate() {
                 let z = &logits[r * vocab..(r + 1) * vocab];
-                let tok = if greedy {
+                let tok = if !open[r] {
                     argmax(z)
+                } else if greedy {
+                    let tok = argmax(z);
+                    if p_min > 0.0 && top_probability(z) < p_min {
+                        open[r] = false;
+                    }
+                    tok
                 } else {
                     let q = distribution(z, &sampling);
-                    let tok = sample_from(&q, &mut row.rng);
-                    draft_probs[r].push(q);
-                    tok
+                    if q.iter().copied().fold(0.0, f32::max) < p_min {
+                        open[r] = false;
+                        argmax(z)
+                    } else {
+                        let tok = sample_from(&q, &mut row.rng);
+                        draft_probs[r].push(q);
+                        tok
+                    }
                 };
-                drafts[r].push(tok);
+                if open[r] {
+                    drafted[r] += 1;
+                }
+                chain[r].push(tok);
             }
             draft_logits.push(logits);
         }
 
-        // 2. The target scores the pending tokens and all k drafts in one pass.
+        // 2. The target scores the pending tokens and every row's drafts in one pass (rows
+        //    left-padded to the longest).
+        let m = drafted.iter().copied().max().unwrap_or(0);
         let target_base: Vec<i64> = real_lengths(&target_cache, n);
         let verify: Vec<Vec<u32>> = rows
             .iter()
-            .zip(&drafts)
-            .map(|(r, d)| r.target_pending.iter().chain(d).copied().collect())
+            .zip(&chain)
+            .zip(&drafted)
+            .map(|((r, c), d)| r.target_pending.iter().chain(&c[..*d]).copied().collect())
             .collect();
         let batch = TokenBatch::from_rows(&verify, t_pad, PaddingSide::Left);
         let started = Instant::now();
-        let mut pass = target.forward_cached(&batch, &mut target_cache, &pass_options(k + 1))?;
+        let mut pass = target.forward_cached(&batch, &mut target_cache, &pass_options(m + 1))?;
         let features = concat_features(std::mem::take(&mut pass.hidden_states)).map(|f| {
             let [b, s, d] = f.dims();
-            f.slice([0..b, s - (k + 1)..s, 0..d])
+            f.slice([0..b, s - (m + 1)..s, 0..d])
         });
         let target_logits = to_host(pass.into_logits()?);
         stats.target_seconds += started.elapsed().as_secs_f64();
@@ -404,15 +442,19 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
         let mut keep_target = Vec::with_capacity(n);
         let mut outcomes = Vec::with_capacity(n);
         let mut still_active = Vec::with_capacity(n);
+        let mut row_features = features.as_ref().map(|_| Vec::with_capacity(n));
         for (r, row) in rows.iter_mut().enumerate() {
+            // Row r's pending token sits m − drafted[r] positions into the last m + 1.
+            let offset = m - drafted[r];
             let p_at = |i: usize| {
-                let at = (r * (k + 1) + i) * vocab;
+                let at = (r * (m + 1) + offset + i) * vocab;
                 &target_logits[at..at + vocab]
             };
+            let drafts = &chain[r][..drafted[r]];
             let q_at = |i: usize| &draft_logits[i][r * vocab..(r + 1) * vocab];
             let mut accepted = 0;
             let mut next = None;
-            for (i, &d) in drafts[r].iter().enumerate() {
+            for (i, &d) in drafts.iter().enumerate() {
                 let (zp, zq) = (p_at(i), q_at(i));
                 stats.reached[i] += 1;
                 stats.examined += 1;
@@ -444,17 +486,20 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
                     break;
                 }
             }
-            let next = next.unwrap_or_else(|| choose(p_at(k), &sampling, &mut row.rng));
+            let next = next.unwrap_or_else(|| choose(p_at(drafts.len()), &sampling, &mut row.rng));
             stats.verify_steps += 1;
-            stats.drafted += k;
+            stats.drafted += drafts.len();
             stats.accepted += accepted;
+            if let (Some(all), Some(f)) = (&features, &mut row_features) {
+                let [_, _, d] = all.dims();
+                f.push(
+                    all.clone()
+                        .slice([r..r + 1, offset..offset + accepted + 1, 0..d]),
+                );
+            }
 
             // Emit the accepted drafts and the target's token, cut at stop / length.
-            let tokens: Vec<u32> = drafts[r][..accepted]
-                .iter()
-                .copied()
-                .chain([next])
-                .collect();
+            let tokens: Vec<u32> = drafts[..accepted].iter().copied().chain([next]).collect();
             let done = emit(
                 &mut out[row.out],
                 tokens.iter().copied(),
@@ -475,7 +520,7 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
         }
         target_cache.truncate(&keep_target)?;
         let started = Instant::now();
-        session.verified(&outcomes, features)?;
+        session.verified(&outcomes, row_features)?;
         stats.draft_seconds += started.elapsed().as_secs_f64();
         if still_active.len() < n {
             if still_active.is_empty() {
@@ -493,6 +538,12 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
         completions: out,
         stats,
     })
+}
+
+/// The largest probability of softmax(z) at temperature 1.
+fn top_probability(z: &[f32]) -> f32 {
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    1.0 / z.iter().map(|v| (v - max).exp()).sum::<f32>()
 }
 
 /// softmax(z) at temperature 1.

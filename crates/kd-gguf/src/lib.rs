@@ -1,6 +1,7 @@
 //! GGUF, llama.cpp's model file format: a reader that checks every length and offset against
 //! the file's size before it uses it, typed metadata access with errors that name the key,
-//! and dequantisation of the common tensor types to f32 ([`GgmlType`]).
+//! dequantisation of the common tensor types to f32 ([`GgmlType`]), and quantisation of f32 to
+//! Q8_0 ([`quantize_q8_0`]).
 //!
 //! ```no_run
 //! use kd_gguf::GgufFile;
@@ -24,6 +25,7 @@
 mod dequant;
 mod error;
 mod file;
+mod quant;
 mod value;
 
 use std::path::{Path, PathBuf};
@@ -31,6 +33,7 @@ use std::path::{Path, PathBuf};
 pub use dequant::{BlockFn, DequantError, GgmlType, block_dequantizer, dequantize};
 pub use error::{GgufError, Result};
 pub use file::{GgufFile, TensorInfo};
+pub use quant::quantize_q8_0;
 pub use value::Value;
 
 /// The GGUF file a model path names: the path itself when it is a file, or the only `.gguf`

@@ -128,6 +128,10 @@ pub struct SpeculatorConfig {
     pub eval_batch_size: usize,
     /// Sampling temperature of the acceptance measurement (0 = greedy).
     pub eval_temperature: f32,
+    /// In the acceptance measurement, a row stops drafting at the first draft whose
+    /// probability under the draft is below this (llama.cpp's `--draft-p-min`; 0 always drafts
+    /// `eval_k`).
+    pub eval_draft_p_min: f32,
     /// The draft's hidden state distilled (transformers' `output_hidden_states` index;
     /// default: the last, after the final norm).
     pub distill_draft_layer: Option<usize>,
@@ -259,6 +263,7 @@ impl Default for SpeculatorConfig {
             eval_max_new_tokens: 128,
             eval_batch_size: 8,
             eval_temperature: 0.0,
+            eval_draft_p_min: 0.0,
             distill_draft_layer: None,
             distill_target_layer: None,
             lora_target_modules: [
@@ -494,6 +499,12 @@ impl SpeculatorConfig {
             if !(t >= 0.0 && t.is_finite()) {
                 return bad(format!("--{flag} must be ≥ 0, got {t}"));
             }
+        }
+        if !(0.0..=1.0).contains(&self.eval_draft_p_min) {
+            return bad(format!(
+                "--eval_draft_p_min is a probability in [0, 1], got {}",
+                self.eval_draft_p_min
+            ));
         }
         if !(self.generation_top_p > 0.0 && self.generation_top_p <= 1.0) {
             return bad(format!(

@@ -274,9 +274,17 @@ fn acceptance_line(config: &SpeculatorConfig, s: &Setup) -> String {
         "not measured".to_string()
     } else {
         format!(
-            "{} held-out prompts, k = {}, {} new tokens, batch {}, {}; before and after training{}",
+            "{} held-out prompts, k = {}{}, {} new tokens, batch {}, {}; before and after training{}",
             p.eval.len(),
             config.eval_k,
+            if config.eval_draft_p_min > 0.0 {
+                format!(
+                    " (fewer below draft probability {})",
+                    config.eval_draft_p_min
+                )
+            } else {
+                String::new()
+            },
             config.eval_max_new_tokens,
             config.eval_batch_size,
             if config.eval_temperature == 0.0 {

@@ -107,6 +107,7 @@ pub fn eval_options(config: &SpeculatorConfig) -> EvalOptions {
             max_new_tokens: config.eval_max_new_tokens,
             sampling: Sampling::temperature(config.eval_temperature),
             stop_token_ids: Vec::new(),
+            draft_p_min: config.eval_draft_p_min,
         },
         batch_size: config.eval_batch_size,
         seed: config.seed,

@@ -37,6 +37,12 @@ pub struct EvalConfig {
     pub options: EvalOptions,
     /// Chat template variables (`--chat_template_kwargs`), as in training.
     pub chat_template_kwargs: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The target decodes from its GGUF blocks with 8-bit activations (integer dot products,
+    /// `Llama::with_int8_activations`), for the target alone and with the draft alike.
+    pub target_int8: bool,
+    /// An EAGLE-3 draft decodes from Q8_0 blocks of its weights made at load
+    /// (`Eagle3Draft::with_q8_0_weights`).
+    pub draft_q8_0: bool,
 }
 
 impl Default for EvalConfig {
@@ -51,6 +57,8 @@ impl Default for EvalConfig {
             device: "cpu".into(),
             options: eval_options(&spec),
             chat_template_kwargs: spec.chat_template_kwargs,
+            target_int8: false,
+            draft_q8_0: false,
         }
     }
 }
@@ -85,6 +93,13 @@ pub fn eval(
         },
         ..config.clone()
     };
+    if !eagle3 && config.draft_q8_0 {
+        return Err(PipelineError::Config(format!(
+            "--draft_q8_0 applies to an EAGLE-3 draft; --draft_model {} is a model (its GGUF \
+             file decodes from its own blocks)",
+            config.draft_model.display()
+        )));
+    }
     if eagle3 && config.adapter.is_some() {
         return Err(PipelineError::Config(format!(
             "--draft_model {} is an EAGLE-3 draft: --adapter applies to a LoRA draft's base model",
@@ -126,7 +141,15 @@ pub fn eval(
                 .unwrap_or_else(|| "the batch files hold none".into())
         )));
     }
-    let target = Llama::load_for_inference(&config.target_model, &device)?;
+    let target = Llama::load_for_inference(&config.target_model, &device)?
+        .with_int8_activations(config.target_int8);
+    if config.target_int8 && !target.int8_activations() {
+        return Err(PipelineError::Config(format!(
+            "--target_int8: the target {} has no packed GGUF blocks to decode from (a .gguf \
+             file of Q8_0, Q4_0 or Q4_1 projections on the cpu device)",
+            config.target_model.display()
+        )));
+    }
     // Under mpirun, each rank decodes its share of the prompts; all return the merged report.
     let world = kd_dist::world();
     let report = match draft_config {
@@ -135,7 +158,8 @@ pub fn eval(
                 &config.draft_model,
                 Some(target.embed_tokens.weight.val()),
                 &device,
-            )?;
+            )?
+            .with_q8_0_weights(config.draft_q8_0);
             let layers = draft
                 .config()
                 .aux_layers

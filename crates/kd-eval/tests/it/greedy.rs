@@ -146,4 +146,61 @@ fn mismatched_vocabularies_and_bad_options_are_refused() {
     };
     let e = speculative_generate(&target, &target, &seeded(&p), &k0).unwrap_err();
     assert!(e.to_string().contains("at least 1"), "{e}");
+    let p_min = SpecConfig {
+        draft_p_min: 1.5,
+        ..SpecConfig::default()
+    };
+    let e = speculative_generate(&target, &target, &seeded(&p), &p_min).unwrap_err();
+    assert!(e.to_string().contains("draft_p_min"), "{e}");
+}
+
+#[test]
+fn drafting_fewer_tokens_where_the_draft_is_unsure_keeps_the_target_output() {
+    let target = load("tiny-llama3");
+    let draft = load("tiny-llama3").keep_layers(&[0, 1]).unwrap();
+    let prompts = prompts(7);
+    let options = GenerateOptions {
+        stop_token_ids: vec![10_000],
+        ..GenerateOptions::greedy(14)
+    };
+    let expected = plain(&target, &prompts, &options);
+    let k = 4;
+    let mut drafted = Vec::new();
+    for p_min in [0.0, 0.05, 0.1, 1.0] {
+        let config = SpecConfig {
+            k,
+            max_new_tokens: 14,
+            stop_token_ids: vec![10_000],
+            draft_p_min: p_min,
+            ..SpecConfig::default()
+        };
+        // As one batch (rows draft different numbers of tokens each round) and row by row.
+        let out = speculative_generate(&target, &draft, &seeded(&prompts), &config).unwrap();
+        for (r, (c, e)) in out.completions.iter().zip(&expected).enumerate() {
+            assert_eq!(&c.ids, e, "draft_p_min {p_min}, row {r}");
+            let alone = speculative_generate(&target, &draft, &seeded(&prompts)[r..r + 1], &config)
+                .unwrap();
+            assert_eq!(
+                &alone.completions[0].ids, e,
+                "draft_p_min {p_min}, row {r} alone"
+            );
+        }
+        let s = &out.stats;
+        assert!(s.accepted <= s.drafted && s.drafted <= k * s.verify_steps);
+        eprintln!(
+            "draft_p_min {p_min}: {} drafted in {} rounds, {} accepted",
+            s.drafted, s.verify_steps, s.accepted
+        );
+        drafted.push((s.drafted, s.verify_steps));
+    }
+    // Always k at 0; nothing at 1 (no draft is ever certain); in between, some rounds draft
+    // fewer than k and some draft.
+    assert_eq!(drafted[0].0, k * drafted[0].1);
+    assert_eq!(drafted[3].0, 0);
+    assert!(
+        drafted[1..3]
+            .iter()
+            .any(|(d, rounds)| *d > 0 && *d < k * rounds),
+        "{drafted:?}"
+    );
 }

@@ -104,13 +104,32 @@ fn sampled_output_follows_the_target_distribution() {
     let probs = exact(&target);
     assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-6);
     let prompts = seeded_rows(1000);
-    sampled_run_passes(
+    let s = sampled_run_passes(
         &target,
         &draft,
         &prompts,
         &probs,
         (0.85, 0.1),
+        0.0,
         "speculative",
+    );
+    assert_eq!(s.drafted, 2 * s.verify_steps);
+    // Stopping early where the draft is unsure reads only the draft: still the target's
+    // distribution. Some rounds draft fewer than k, some still draft.
+    let s = sampled_run_passes(
+        &target,
+        &draft,
+        &seeded_rows(30_000),
+        &probs,
+        (1.0, 0.1),
+        0.6,
+        "speculative, draft_p_min 0.6",
+    );
+    assert!(
+        s.drafted > 0 && s.drafted < 2 * s.verify_steps,
+        "draft_p_min 0.6: {} drafted in {} rounds",
+        s.drafted,
+        s.verify_steps
     );
 
     // Plain sampling from the target passes the same test (the check itself is sound)...
@@ -147,7 +166,15 @@ fn sampled_output_with_an_eagle3_draft_follows_the_target_distribution() {
     let drafter = Eagle3Drafter::new(&draft, [0, 1, 2]);
     let probs = exact(&target);
     let prompts = seeded_rows(5000);
-    sampled_run_passes(&target, &drafter, &prompts, &probs, (0.9, 0.05), "EAGLE-3");
+    sampled_run_passes(
+        &target,
+        &drafter,
+        &prompts,
+        &probs,
+        (0.9, 0.05),
+        0.0,
+        "EAGLE-3",
+    );
 }
 
 /// ROWS copies of the prompt, seeded from `first` on.
@@ -163,21 +190,23 @@ fn seeded_rows(first: u64) -> Vec<SeededPrompt<'static>> {
 /// Sampled speculative decoding of three tokens with `draft`: the pair disagrees enough
 /// (α below `bounds.0`, acceptance above `bounds.1`) for rejections and residual draws to
 /// happen often, each examined draft is accepted with probability α, and the continuations
-/// pass the χ² test against the target's exact probabilities.
+/// pass the χ² test against the target's exact probabilities. Returns the counts.
 fn sampled_run_passes<D: Drafter + ?Sized>(
     target: &Llama,
     draft: &D,
     prompts: &[SeededPrompt<'_>],
     probs: &[f64],
     bounds: (f64, f64),
+    draft_p_min: f32,
     label: &str,
-) {
+) -> kd_eval::SpecStats {
     // Token 99 is outside the vocabulary: no row stops early.
     let config = SpecConfig {
         k: 2,
         max_new_tokens: 3,
         sampling: Sampling::temperature(1.0),
         stop_token_ids: vec![99],
+        draft_p_min,
     };
     let out = speculative_generate(target, draft, prompts, &config).unwrap();
     let s = &out.stats;
@@ -191,6 +220,7 @@ fn sampled_run_passes<D: Drafter + ?Sized>(
     assert!((s.alpha() - per_examined).abs() < 0.02, "{label}: {s:?}");
     let (stat, critical) = chi_square(&counts(out.completions.into_iter().map(|c| c.ids)), probs);
     assert!(stat < critical, "{label}: χ² {stat:.1} ≥ {critical:.1}");
+    out.stats
 }
 
 #[test]
@@ -211,6 +241,7 @@ fn seeded_runs_repeat_and_do_not_depend_on_batching() {
         max_new_tokens: 12,
         sampling: Sampling::temperature(0.8),
         stop_token_ids: vec![99],
+        draft_p_min: 0.0,
     };
     let a = speculative_generate(&target, &draft, &prompts, &config).unwrap();
     let b = speculative_generate(&target, &draft, &prompts, &config).unwrap();

@@ -141,7 +141,7 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
         Eagle3Format::Speculators(v) => speculators_json(&config, v),
     };
     let text = serde_json::to_string_pretty(&config_json).expect("JSON values serialise");
-    let weights = super::serialize_tensors(
+    let weights = super::file::serialize_tensors(
         out.iter()
             .map(|(n, dt, shape, data)| (n.as_str(), *dt, shape.as_slice(), *data)),
         &dst.join(WEIGHTS_FILE),

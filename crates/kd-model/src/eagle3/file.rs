@@ -1,4 +1,5 @@
-//! Reading a draft's `model.safetensors`: floats (f32, bf16, f16), `d2t` (i64).
+//! A draft's `model.safetensors`: reading floats (f32, bf16, f16), `d2t` (i64) and `t2d`
+//! (bool), and writing tensors.
 
 use std::path::Path;
 
@@ -83,4 +84,39 @@ impl WeightsFile {
             other => Err(self.error(name, format!("dtype {other:?}, expected I64"))),
         }
     }
+}
+
+/// The bytes of a safetensors file holding `tensors` (name, dtype, shape, data), with
+/// PyTorch's `format` metadata; `path` names the file in an error.
+pub(super) fn serialize_tensors<'a>(
+    tensors: impl Iterator<Item = (&'a str, Dtype, &'a [usize], &'a [u8])>,
+    path: &Path,
+) -> Result<Vec<u8>> {
+    struct View<'a>(Dtype, &'a [usize], &'a [u8]);
+    impl safetensors::View for View<'_> {
+        fn dtype(&self) -> Dtype {
+            self.0
+        }
+        fn shape(&self) -> &[usize] {
+            self.1
+        }
+        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+            std::borrow::Cow::Borrowed(self.2)
+        }
+        fn data_len(&self) -> usize {
+            self.2.len()
+        }
+    }
+    let metadata = Some(std::collections::HashMap::from([(
+        "format".to_string(),
+        "pt".to_string(),
+    )]));
+    safetensors::serialize(
+        tensors.map(|(n, dt, shape, bytes)| (n, View(dt, shape, bytes))),
+        metadata,
+    )
+    .map_err(|e| ModelError::Safetensors {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }

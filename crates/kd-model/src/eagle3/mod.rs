@@ -31,6 +31,7 @@ use crate::rope::{Rope, apply_rotary};
 
 mod cache;
 mod config;
+mod decode;
 mod export;
 mod file;
 mod vocab;
@@ -40,45 +41,11 @@ pub use config::Eagle3Config;
 pub use export::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
 pub use vocab::DraftVocab;
 
-use file::WeightsFile;
+use decode::Proj;
+use file::{WeightsFile, serialize_tensors};
 
 /// The `architectures` entry of an EAGLE-3 draft's `config.json`.
 pub const EAGLE3_ARCHITECTURE: &str = "LlamaForCausalLMEagle3";
-
-/// The bytes of a safetensors file holding `tensors` (name, dtype, shape, data), with
-/// PyTorch's `format` metadata; `path` names the file in an error.
-pub(crate) fn serialize_tensors<'a>(
-    tensors: impl Iterator<Item = (&'a str, Dtype, &'a [usize], &'a [u8])>,
-    path: &Path,
-) -> Result<Vec<u8>> {
-    struct View<'a>(Dtype, &'a [usize], &'a [u8]);
-    impl safetensors::View for View<'_> {
-        fn dtype(&self) -> Dtype {
-            self.0
-        }
-        fn shape(&self) -> &[usize] {
-            self.1
-        }
-        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-            std::borrow::Cow::Borrowed(self.2)
-        }
-        fn data_len(&self) -> usize {
-            self.2.len()
-        }
-    }
-    let metadata = Some(std::collections::HashMap::from([(
-        "format".to_string(),
-        "pt".to_string(),
-    )]));
-    safetensors::serialize(
-        tensors.map(|(n, dt, shape, bytes)| (n, View(dt, shape, bytes))),
-        metadata,
-    )
-    .map_err(|e| ModelError::Safetensors {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
-}
 
 /// Whether `dir` holds an EAGLE-3 draft: a `config.json` whose `architectures` name
 /// [`EAGLE3_ARCHITECTURE`] (SpecForge's layout) or with `speculators_model_type: eagle3`
@@ -135,6 +102,9 @@ pub struct Eagle3Draft {
     vocab: DraftVocab,
     #[module(skip)]
     rope: Rope,
+    /// Q8_0 copies of the projections for decoding ([`Eagle3Draft::with_q8_0_weights`]).
+    #[module(skip)]
+    packed: Option<decode::DecodePacks>,
 }
 
 /// `x · rsqrt(mean(x²) + ε) · w` over the last axis.
@@ -245,6 +215,7 @@ impl Eagle3Draft {
             config,
             vocab: vocab_map,
             rope,
+            packed: None,
         })
     }
 
@@ -306,6 +277,7 @@ impl Eagle3Draft {
             rope: Rope::new(c),
             config,
             vocab,
+            packed: None,
         })
     }
 
@@ -373,7 +345,7 @@ impl Eagle3Draft {
         );
         let device = hidden.device();
         let past = cache.len();
-        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), past);
+        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), past, true);
         let (k, v) = cache.append(k, v);
         let total = past + s;
         let scale = 1.0 / (hd as f64).sqrt();
@@ -393,7 +365,7 @@ impl Eagle3Draft {
             .mul_scalar(scale)
             .mask_fill(mask, f32::NEG_INFINITY);
         let out = softmax(scores, 3).matmul(repeat_kv(v, h));
-        self.finish(hidden, out)
+        self.finish(hidden, out, true)
     }
 
     /// The configuration.
@@ -412,6 +384,12 @@ impl Eagle3Draft {
         project(features, &self.fc)
     }
 
+    /// [`fuse`](Self::fuse) for decoding: a few positions through the decoding kernels (see
+    /// [`with_q8_0_weights`](Self::with_q8_0_weights)).
+    pub fn fuse_decoding(&self, features: Tensor<3>) -> Tensor<3> {
+        self.proj(features, Proj::Fc, true)
+    }
+
     /// One TTT step: `ids` `[batch, seq]` (the step's tokens), `hidden` `[batch, seq, d]` (the
     /// fused features at step 0, the previous step's output after), positions `t + step`
     /// where `step` is the number of steps in `cache`. Returns the step's hidden output
@@ -424,7 +402,7 @@ impl Eagle3Draft {
             self.config.llama.head_dim,
         );
         let device = hidden.device();
-        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), cache.steps());
+        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), cache.steps(), false);
         cache.keys.push(k);
         cache.values.push(v);
         let scale = 1.0 / (hd as f64).sqrt();
@@ -459,7 +437,7 @@ impl Eagle3Draft {
             let a = weights.clone().slice([0..b, 0..h, 0..s, s + i..s + i + 1]);
             out = out + a * vi;
         }
-        self.finish(hidden, out)
+        self.finish(hidden, out, false)
     }
 
     /// The decoder layer's input and projections: `cat(RMSNorm(embedding), RMSNorm(hidden))`,
@@ -470,6 +448,7 @@ impl Eagle3Draft {
         ids: Tensor<2, Int>,
         hidden: Tensor<3>,
         first_position: usize,
+        decode: bool,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let c = &self.config.llama;
         let [b, s] = ids.dims();
@@ -493,26 +472,29 @@ impl Eagle3Draft {
             .collect();
         let (cos, sin) = self.rope.tables(&positions, b, s, DType::F32, &device);
         let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, hd]).swap_dims(1, 2);
-        let q = apply_rotary(heads(project(x.clone(), &self.q_proj), h), &cos, &sin);
-        let k = apply_rotary(heads(project(x.clone(), &self.k_proj), kv), &cos, &sin);
-        let v = heads(project(x, &self.v_proj), kv);
+        let q = apply_rotary(heads(self.proj(x.clone(), Proj::Q, decode), h), &cos, &sin);
+        let k = apply_rotary(heads(self.proj(x.clone(), Proj::K, decode), kv), &cos, &sin);
+        let v = heads(self.proj(x, Proj::V, decode), kv);
         (q, k, v)
     }
 
     /// The rest of the layer from the attention output `[b, heads, s, head_dim]`: `o_proj`,
     /// the residual on the hidden stream, the post-attention norm and SwiGLU.
-    fn finish(&self, residual: Tensor<3>, attention: Tensor<4>) -> Tensor<3> {
+    fn finish(&self, residual: Tensor<3>, attention: Tensor<4>, decode: bool) -> Tensor<3> {
         let [b, h, s, hd] = attention.dims();
         let eps = self.config.llama.rms_norm_eps;
-        let attn = project(
+        let attn = self.proj(
             attention.swap_dims(1, 2).reshape([b, s, h * hd]),
-            &self.o_proj,
+            Proj::O,
+            decode,
         );
         let hidden = residual + attn;
         let normed = rms_norm(hidden.clone(), &self.post_attention_layernorm, eps);
-        let mlp = project(
-            silu(project(normed.clone(), &self.gate_proj)) * project(normed, &self.up_proj),
-            &self.down_proj,
+        let gate = silu(self.proj(normed.clone(), Proj::Gate, decode));
+        let mlp = self.proj(
+            gate * self.proj(normed, Proj::Up, decode),
+            Proj::Down,
+            decode,
         );
         hidden + mlp
     }
@@ -522,6 +504,13 @@ impl Eagle3Draft {
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         let eps = self.config.llama.rms_norm_eps;
         project(rms_norm(hidden, &self.norm, eps), &self.lm_head)
+    }
+
+    /// [`logits`](Self::logits) for decoding: a few positions through the decoding kernels
+    /// (see [`with_q8_0_weights`](Self::with_q8_0_weights)).
+    pub fn logits_decoding(&self, hidden: Tensor<3>) -> Tensor<3> {
+        let eps = self.config.llama.rms_norm_eps;
+        self.proj(rms_norm(hidden, &self.norm, eps), Proj::LmHead, true)
     }
 
     /// `steps` TTT steps from the target's features: the ids shift left by one per step

@@ -221,3 +221,101 @@ fn a_missing_embedding_is_named() {
     let embedding = draft().embed_tokens.val();
     Eagle3Draft::load(dir.path(), Some(embedding), &cpu()).unwrap();
 }
+
+/// `w` `[in, out]` rounded to Q8_0 blocks along `in` (as `with_q8_0_weights` stores it) and
+/// back to f32.
+fn q8_0_values(w: Tensor<2>) -> Tensor<2> {
+    let [input, out] = w.dims();
+    let device = w.device();
+    let rows: Vec<f32> = w.transpose().into_data().try_to_vec::<f32>().unwrap();
+    let blocks = kd_gguf::quantize_q8_0(&rows).unwrap();
+    let mut back = vec![0f32; rows.len()];
+    kd_gguf::dequantize(kd_gguf::GgmlType::Q8_0, &blocks, &mut back).unwrap();
+    Tensor::<2>::from_data(TensorData::new(back, [out, input]), &device).transpose()
+}
+
+#[test]
+fn decoding_reads_the_q8_0_weights_and_step_0_matches_specforge() {
+    let inputs = read("inputs.safetensors");
+    let device = cpu();
+    let (ids_shape, ids) = &inputs["input_ids"];
+    let (shape, features) = &inputs["hidden_states"];
+    let (batch, seq) = (ids_shape[0], ids_shape[1]);
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new(
+            ids.iter().map(|&v| v as i64).collect::<Vec<_>>(),
+            [batch, seq],
+        ),
+        &device,
+    );
+    let features = Tensor::<3>::from_data(
+        TensorData::new(
+            features.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            [shape[0], shape[1], shape[2]],
+        ),
+        (&device, DType::F32),
+    );
+    // Each row decoded through the cache, as speculative decoding runs the draft.
+    let decode = |d: &Eagle3Draft| -> (Vec<f32>, Vec<f32>) {
+        let mut hidden = Vec::new();
+        let mut logits = Vec::new();
+        for b in 0..batch {
+            let mut cache = kd_model::DraftKvCache::new();
+            let h = d.forward_cached(
+                ids.clone().slice([b..b + 1, 0..seq]),
+                d.fuse_decoding(features.clone().slice([b..b + 1, 0..seq])),
+                &mut cache,
+            );
+            logits.push(d.logits_decoding(h.clone()));
+            hidden.push(h);
+        }
+        (host(Tensor::cat(hidden, 0)), host(Tensor::cat(logits, 0)))
+    };
+
+    // f32 weights: the decoding kernels compute SpecForge's step 0.
+    let plain = draft();
+    assert!(!plain.has_q8_0_weights());
+    let (hidden, logits) = decode(&plain);
+    let (worst, bound) = compare("step0.hidden_out", &hidden, seq);
+    assert!(worst <= bound, "decoded hidden: {worst} > {bound}");
+    let (worst, bound) = compare("step0.logits", &logits, seq);
+    assert!(worst <= bound, "decoded logits: {worst} > {bound}");
+
+    // Q8_0 blocks: the product with the rounded weights, up to f32 summation order.
+    let q8 = draft().with_q8_0_weights(true);
+    assert!(q8.has_q8_0_weights());
+    let mut rounded = draft();
+    for p in [
+        &mut rounded.fc,
+        &mut rounded.q_proj,
+        &mut rounded.k_proj,
+        &mut rounded.v_proj,
+        &mut rounded.o_proj,
+        &mut rounded.gate_proj,
+        &mut rounded.up_proj,
+        &mut rounded.down_proj,
+        &mut rounded.lm_head,
+    ] {
+        *p = burn::module::Param::from_tensor(q8_0_values(p.val()));
+    }
+    let (q_hidden, q_logits) = decode(&q8);
+    let (r_hidden, r_logits) = decode(&rounded);
+    let max_diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let scale = |a: &[f32]| a.iter().map(|x| x.abs()).fold(0f32, f32::max);
+    assert!(max_diff(&q_hidden, &r_hidden) <= 1e-5 * scale(&r_hidden).max(1.0));
+    assert!(max_diff(&q_logits, &r_logits) <= 1e-5 * scale(&r_logits).max(1.0));
+    // ... which are not the f32 weights (the blocks are what was read), and stay near them.
+    let moved = max_diff(&q_logits, &logits);
+    assert!(
+        moved > 0.0 && moved < 0.05 * scale(&logits),
+        "Q8_0 moved the logits by {moved} (scale {})",
+        scale(&logits)
+    );
+    // Dropping the blocks returns to the f32 weights.
+    assert_eq!(decode(&q8.with_q8_0_weights(false)).1, logits);
+}

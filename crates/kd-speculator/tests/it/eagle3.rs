@@ -133,36 +133,43 @@ fn train_and_decode(target_dir: &str, epochs: usize, ratio: f64) {
         .iter()
         .map(|ids| kd_model::SeededPrompt { ids, seed: 0 })
         .collect();
-    let spec = kd_eval::SpecConfig {
-        k: 3,
-        max_new_tokens: 16,
-        ..kd_eval::SpecConfig::default()
-    };
     let drafter = kd_eval::Eagle3Drafter::new(&reloaded, layers);
-    // All rows as one left-padded batch (rows finish and diverge independently) ...
-    let batched = kd_eval::speculative_generate(&target, &drafter, &seeded, &spec).unwrap();
     let plain = target
         .generate(&seeded, &kd_model::GenerateOptions::greedy(16))
         .unwrap();
-    for (i, (got, want)) in batched.completions.iter().zip(&plain).enumerate() {
-        assert_eq!(got.ids, want.ids, "prompt {:?}", prompts[i]);
-        // ... and one row at a time.
-        let alone =
-            kd_eval::speculative_generate(&target, &drafter, &seeded[i..i + 1], &spec).unwrap();
-        assert_eq!(
-            alone.completions[0].ids, want.ids,
-            "prompt {:?} alone",
-            prompts[i]
+    // Always 3 drafts, then rows that stop drafting where the head is unsure (rows of one
+    // batch then verify different numbers of drafts).
+    for p_min in [0.0, 0.3] {
+        let spec = kd_eval::SpecConfig {
+            k: 3,
+            max_new_tokens: 16,
+            draft_p_min: p_min,
+            ..kd_eval::SpecConfig::default()
+        };
+        // All rows as one left-padded batch (rows finish and diverge independently) ...
+        let batched = kd_eval::speculative_generate(&target, &drafter, &seeded, &spec).unwrap();
+        for (i, (got, want)) in batched.completions.iter().zip(&plain).enumerate() {
+            assert_eq!(got.ids, want.ids, "p_min {p_min}, prompt {:?}", prompts[i]);
+            // ... and one row at a time.
+            let alone =
+                kd_eval::speculative_generate(&target, &drafter, &seeded[i..i + 1], &spec).unwrap();
+            assert_eq!(
+                alone.completions[0].ids, want.ids,
+                "p_min {p_min}, prompt {:?} alone",
+                prompts[i]
+            );
+        }
+        let stats = &batched.stats;
+        eprintln!(
+            "EAGLE-3 greedy, draft_p_min {p_min}: {} verifications, {} drafted, acceptance \
+             {:.1}%, mean accepted length {:.2}",
+            stats.verify_steps,
+            stats.drafted,
+            100.0 * stats.acceptance_rate(),
+            stats.mean_accepted_length()
         );
+        assert!(stats.verify_steps > 0 && stats.verify_steps < 6 * 16);
     }
-    let stats = &batched.stats;
-    eprintln!(
-        "EAGLE-3 greedy: {} verifications, acceptance {:.1}%, mean accepted length {:.2}",
-        stats.verify_steps,
-        100.0 * stats.acceptance_rate(),
-        stats.mean_accepted_length()
-    );
-    assert!(stats.verify_steps > 0 && stats.verify_steps < 6 * 16);
 }
 
 #[test]

@@ -1,0 +1,105 @@
+//! How a draft's projections run while it decodes: a few rows at a time, so each product reads
+//! its whole weight matrix per drafted token. The f32 weights take the skinny CPU kernel (no
+//! GEMM packing per call); with [`Eagle3Draft::with_q8_0_weights`] they are read from Q8_0
+//! blocks made once, a quarter of the f32 bytes. Training and prefill keep Burn's matmul.
+
+use std::sync::Arc;
+
+use burn::module::Param;
+use burn::tensor::Tensor;
+use kd_gguf::GgmlType;
+
+use super::{Eagle3Draft, project};
+use crate::packed::{PackedMatrix, packed_project};
+use crate::skinny;
+
+/// A projection of the draft.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Proj {
+    Fc,
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+    LmHead,
+}
+
+const PROJECTIONS: [Proj; 9] = [
+    Proj::Fc,
+    Proj::Q,
+    Proj::K,
+    Proj::V,
+    Proj::O,
+    Proj::Gate,
+    Proj::Up,
+    Proj::Down,
+    Proj::LmHead,
+];
+
+/// Q8_0 copies of the projections, by [`Proj`] (`None` where the input width is not a multiple
+/// of 32).
+pub(crate) type DecodePacks = Arc<[Option<PackedMatrix>; 9]>;
+
+impl Eagle3Draft {
+    fn weight(&self, p: Proj) -> &Param<Tensor<2>> {
+        match p {
+            Proj::Fc => &self.fc,
+            Proj::Q => &self.q_proj,
+            Proj::K => &self.k_proj,
+            Proj::V => &self.v_proj,
+            Proj::O => &self.o_proj,
+            Proj::Gate => &self.gate_proj,
+            Proj::Up => &self.up_proj,
+            Proj::Down => &self.down_proj,
+            Proj::LmHead => &self.lm_head,
+        }
+    }
+
+    /// Decoding from Q8_0 blocks of the projection weights (`fc`, q/k/v/o, the MLP and the LM
+    /// head), quantised now from the f32 weights as llama.cpp's `quantize_row_q8_0` does: a
+    /// quarter of the bytes each drafted token reads, and no longer the f32 arithmetic (each
+    /// weight is rounded to 8 bits in blocks of 32; opt in). Training, and passes over more
+    /// than a few positions, still read the f32 weights. `on = false` drops the blocks. A
+    /// draft whose weights change afterwards must call it again.
+    pub fn with_q8_0_weights(mut self, on: bool) -> Self {
+        self.packed = on.then(|| {
+            Arc::new(PROJECTIONS.map(|p| {
+                let w = self.weight(p).val(); // [in, out]
+                let [input, out] = w.dims();
+                let rows = w.transpose().into_data().try_to_vec::<f32>().ok()?; // [out, in]
+                let blocks = kd_gguf::quantize_q8_0(&rows).ok()?;
+                PackedMatrix::new(GgmlType::Q8_0, out, input, &blocks)
+            }))
+        });
+        self
+    }
+
+    /// Whether decoding reads Q8_0 blocks ([`with_q8_0_weights`](Self::with_q8_0_weights)).
+    pub fn has_q8_0_weights(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// `x · W` for projection `p`: in decoding (`decode`, a few rows on the CPU backend without
+    /// autodiff) from the Q8_0 blocks when there are any, else through the skinny kernel;
+    /// otherwise Burn's matmul.
+    pub(crate) fn proj(&self, x: Tensor<3>, p: Proj, decode: bool) -> Tensor<3> {
+        let weight = self.weight(p);
+        let [b, s, i] = x.dims();
+        if decode {
+            let flat = x.clone().reshape([b * s, i]);
+            let w = weight.val();
+            if skinny::applies(&flat, &w) {
+                let out = w.dims()[1];
+                let y = match self.packed.as_ref().and_then(|m| m[p as usize].as_ref()) {
+                    Some(m) => packed_project(m, flat),
+                    None => skinny::skinny_matmul(flat, w),
+                };
+                return y.reshape([b, s, out]);
+            }
+        }
+        project(x, weight)
+    }
+}
