@@ -1,7 +1,9 @@
 //! An EAGLE-3 draft for a real target, end to end, measured by wall clock: the target writes
 //! completions of the training prompts, a fresh one-layer EAGLE-3 draft learns them with TTT,
 //! and greedy decoding of the held-out prompts runs with the target alone and with the draft,
-//! one prompt at a time, in the same process; outputs are checked equal.
+//! one prompt at a time, in the same process; outputs are checked equal. `--draft DIR`
+//! measures a trained draft instead (a pipeline checkpoint); `--k 1,2,4 --draft_p_min 0,0.5`
+//! measures every combination, between two runs of the target alone.
 //!
 //! ```text
 //! fixtures/fetch-smollm2.sh
@@ -50,9 +52,9 @@ struct Args {
     /// Learning rate.
     #[arg(long, default_value_t = 1e-3)]
     learning_rate: f64,
-    /// Tokens drafted per verification.
-    #[arg(long, default_value_t = 4)]
-    k: usize,
+    /// Tokens drafted per verification; several (`1,2,4`) measure each.
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    k: Vec<usize>,
     /// Use at most this many training prompts.
     #[arg(long)]
     max_train_prompts: Option<usize>,
@@ -69,9 +71,10 @@ struct Args {
     #[arg(long)]
     int8: bool,
     /// Stop drafting at the first draft whose probability under the draft is below this
-    /// (llama.cpp's --draft-p-min; 0 always drafts k).
-    #[arg(long, default_value_t = 0.0)]
-    draft_p_min: f32,
+    /// (llama.cpp's --draft-p-min; 0 always drafts k); several (`0,0.5`) measure each, for
+    /// every k.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    draft_p_min: Vec<f32>,
     /// Decode the draft from Q8_0 blocks of its weights (`Eagle3Draft::with_q8_0_weights`).
     #[arg(long)]
     draft_q8_0: bool,
@@ -136,12 +139,80 @@ fn main() -> Result<()> {
     }
     .with_q8_0_weights(args.draft_q8_0);
 
-    // 3. Greedy decoding of the held-out prompts: the target alone, then with the draft.
-    let mut options = GenerateOptions::greedy(args.max_new_tokens);
-    options.stop_token_ids = stop.clone();
+    // 3. Greedy decoding of the held-out prompts, one at a time: the target alone, then with
+    //    the draft at each k and draft_p_min, then the target alone again (the machine's drift
+    //    shows in the two baselines).
+    let (plain, first_rate) = plain_decoding(&target, &held_out, args.max_new_tokens, &stop)?;
+    let drafter = kd_eval::Eagle3Drafter::new(&draft, layers);
+    println!(
+        "held-out prompts: {}, batch 1, greedy; target alone {first_rate:.1} tokens/s",
+        held_out.len()
+    );
+    let mut rows = Vec::new();
+    for &k in &args.k {
+        for &draft_p_min in &args.draft_p_min {
+            let spec = kd_eval::SpecConfig {
+                k,
+                max_new_tokens: args.max_new_tokens,
+                sampling: kd_model::Sampling::GREEDY,
+                stop_token_ids: stop.clone(),
+                draft_p_min,
+            };
+            let (ours, stats, seconds) = spec_decoding(&target, &drafter, &held_out, &spec)?;
+            anyhow::ensure!(
+                ours == plain,
+                "k {k}, draft_p_min {draft_p_min}: greedy outputs differ from the target alone"
+            );
+            let generated: usize = ours.iter().map(Vec::len).sum();
+            rows.push((k, draft_p_min, generated as f64 / seconds, stats));
+        }
+    }
+    let (_, last_rate) = plain_decoding(&target, &held_out, args.max_new_tokens, &stop)?;
+    let plain_rate = 0.5 * (first_rate + last_rate);
+    let per_token = 1.0 / plain_rate;
+    println!(
+        "target alone again {last_rate:.1} tokens/s; speedups against the mean, {plain_rate:.1} \
+         tokens/s; every output equal to the target alone's"
+    );
+    println!(
+        "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | target \
+         pass | draft per round |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (k, p_min, rate, s) in rows {
+        let rounds = s.verify_steps.max(1) as f64;
+        let pass = s.target_seconds / s.target_forwards.max(1) as f64;
+        let positions: Vec<String> = s
+            .per_position_acceptance()
+            .iter()
+            .map(|a| format!("{:.0}%", 100.0 * a))
+            .collect();
+        println!(
+            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms |",
+            rate / plain_rate,
+            s.mean_accepted_length_with_bonus(),
+            s.drafted as f64 / rounds,
+            positions.join(" "),
+            1e3 * pass,
+            pass / per_token,
+            1e3 * s.draft_seconds / rounds,
+        );
+    }
+    Ok(())
+}
+
+/// Each prompt decoded alone by the target, greedily; the completions and tokens/s.
+fn plain_decoding(
+    target: &Llama,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    stop: &[u32],
+) -> Result<(Vec<Vec<u32>>, f64)> {
+    let mut options = GenerateOptions::greedy(max_new_tokens);
+    options.stop_token_ids = stop.to_vec();
     let started = Instant::now();
-    let mut plain = Vec::with_capacity(held_out.len());
-    for (i, p) in held_out.iter().enumerate() {
+    let mut out = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
         let c = target.generate(
             &[SeededPrompt {
                 ids: p,
@@ -149,82 +220,42 @@ fn main() -> Result<()> {
             }],
             &options,
         )?;
-        plain.push(c.into_iter().next().map(|c| c.ids).unwrap_or_default());
+        out.push(c.into_iter().next().map(|c| c.ids).unwrap_or_default());
     }
-    let plain_seconds = started.elapsed().as_secs_f64();
-    let plain_tokens: usize = plain.iter().map(Vec::len).sum();
-    // One prompt at a time (batch 1), through the same loop as any draft.
-    let drafter = kd_eval::Eagle3Drafter::new(&draft, layers);
-    let spec = kd_eval::SpecConfig {
-        k: args.k,
-        max_new_tokens: args.max_new_tokens,
-        sampling: kd_model::Sampling::GREEDY,
-        stop_token_ids: stop.clone(),
-        draft_p_min: args.draft_p_min,
-    };
+    let tokens: usize = out.iter().map(Vec::len).sum();
+    Ok((out, tokens as f64 / started.elapsed().as_secs_f64()))
+}
+
+/// Each prompt decoded alone with the draft; the completions, the counts and the seconds.
+fn spec_decoding(
+    target: &Llama,
+    drafter: &kd_eval::Eagle3Drafter<'_>,
+    prompts: &[Vec<u32>],
+    spec: &kd_eval::SpecConfig,
+) -> Result<(Vec<Vec<u32>>, kd_eval::SpecStats, f64)> {
     let started = Instant::now();
-    let mut ours = Vec::with_capacity(held_out.len());
+    let mut out = Vec::with_capacity(prompts.len());
     let mut stats = kd_eval::SpecStats::default();
-    for (i, p) in held_out.iter().enumerate() {
-        let out = kd_eval::speculative_generate(
-            &target,
-            &drafter,
+    for (i, p) in prompts.iter().enumerate() {
+        let o = kd_eval::speculative_generate(
+            target,
+            drafter,
             &[SeededPrompt {
                 ids: p,
                 seed: i as u64,
             }],
-            &spec,
+            spec,
         )?;
-        stats.merge(&out.stats);
-        ours.push(
-            out.completions
+        stats.merge(&o.stats);
+        out.push(
+            o.completions
                 .into_iter()
                 .next()
                 .map(|c| c.ids)
                 .unwrap_or_default(),
         );
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let generated: usize = ours.iter().map(Vec::len).sum();
-    let rate = generated as f64 / seconds;
-    let equal = ours == plain;
-    let plain_rate = plain_tokens as f64 / plain_seconds;
-    let verifications = stats.verify_steps.max(1) as f64;
-    let per_token = plain_seconds / plain_tokens.max(1) as f64;
-    println!(
-        "held-out prompts: {}, batch 1, greedy, k = {}",
-        held_out.len(),
-        args.k
-    );
-    println!(
-        "target alone:  {plain_tokens} tokens in {plain_seconds:.1} s = {plain_rate:.1} tokens/s"
-    );
-    println!(
-        "with EAGLE-3:  {generated} tokens in {seconds:.1} s = {rate:.1} tokens/s = {:.2}× the \
-         target alone (draft {:.1} s of it)",
-        rate / plain_rate,
-        stats.draft_seconds
-    );
-    println!(
-        "acceptance {:.1}%, mean accepted length {:.2} (τ = {:.2} tokens per target pass), \
-         {} verifications; outputs equal to the target alone: {equal}",
-        100.0 * stats.acceptance_rate(),
-        stats.mean_accepted_length(),
-        stats.mean_accepted_length_with_bonus(),
-        stats.verify_steps
-    );
-    println!(
-        "cost: a target pass over k + 1 = {} tokens {:.1} ms against {:.1} ms per token alone \
-         ({:.2}×); the draft {:.1} ms per verification ({:.2} of a target token)",
-        args.k + 1,
-        1e3 * stats.target_seconds / (stats.target_forwards.max(1) as f64),
-        1e3 * per_token,
-        (stats.target_seconds / stats.target_forwards.max(1) as f64) / per_token,
-        1e3 * stats.draft_seconds / verifications,
-        (stats.draft_seconds / verifications) / per_token
-    );
-    anyhow::ensure!(equal, "greedy outputs differ from the target alone");
-    Ok(())
+    Ok((out, stats, started.elapsed().as_secs_f64()))
 }
 
 /// The target's completions of the training prompts (kept in `OUT/completions.json`), then a

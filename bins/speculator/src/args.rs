@@ -429,7 +429,8 @@ pub struct EvalArgs {
     /// Decode the target (a GGUF file) with 8-bit activations and integer dot products.
     #[arg(long)]
     pub target_int8: bool,
-    /// Decode an EAGLE-3 draft from Q8_0 blocks of its weights, made at load.
+    /// Decode the draft from Q8_0 blocks of its weights, made at load (after merging the
+    /// adapter).
     #[arg(long)]
     pub draft_q8_0: bool,
     /// Chat template variables as a JSON object (e.g. '{"enable_thinking": false}').

@@ -145,6 +145,19 @@ impl Llama {
         self
     }
 
+    /// Decoding from Q8_0 blocks made now from the f32 weights (every projection and the LM
+    /// head), as if the model had been loaded from a Q8_0 GGUF file: a quarter of the f32
+    /// bytes per decoded token, and no longer the f32 arithmetic (each weight rounded to 8 bits
+    /// in blocks of 32; opt in). Replaces blocks kept from a GGUF file; `on = false` drops
+    /// them all (decoding then reads the f32 weights). Only on the CPU backend; adapters
+    /// still add their own product, and a model whose base weights change afterwards (merged
+    /// adapters, training) must call it again.
+    pub fn with_q8_0_weights(mut self, on: bool) -> Self {
+        self.packed = (on && self.embed_tokens.weight.val().device() == Device::flex())
+            .then(|| std::sync::Arc::new(packed::Packed::q8_0_from_weights(&self)));
+        self
+    }
+
     /// Whether packed products take 8-bit activations ([`with_int8_activations`](Self::with_int8_activations)).
     pub fn int8_activations(&self) -> bool {
         self.packed.as_ref().is_some_and(|p| p.int8())

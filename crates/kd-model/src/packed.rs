@@ -71,6 +71,45 @@ impl Packed {
         Self { layers, head }
     }
 
+    /// Q8_0 blocks of every projection and of the LM head (the tied embedding when there is
+    /// no head), quantised from `model`'s f32 weights as llama.cpp's `quantize_row_q8_0`
+    /// does. A matrix whose input width is not a multiple of 32, or whose weights are not f32,
+    /// gets none (it decodes from its f32 weights).
+    pub fn q8_0_from_weights(model: &crate::Llama) -> Self {
+        // `w` is `[out, in]`.
+        let q8 = |w: Tensor<2>| -> Option<PackedMatrix> {
+            let [rows, cols] = w.dims();
+            let values = w.into_data().try_to_vec::<f32>().ok()?;
+            PackedMatrix::new(
+                GgmlType::Q8_0,
+                rows,
+                cols,
+                &kd_gguf::quantize_q8_0(&values).ok()?,
+            )
+        };
+        let proj = |p: &kd_lora::LoraLinear| q8(p.base.weight.val().transpose());
+        let layers = model
+            .layers
+            .iter()
+            .map(|l| {
+                let (a, m) = (&l.self_attn, &l.mlp);
+                [
+                    proj(&a.q_proj),
+                    proj(&a.k_proj),
+                    proj(&a.v_proj),
+                    proj(&a.o_proj),
+                    proj(&m.gate_proj),
+                    proj(&m.up_proj),
+                    proj(&m.down_proj),
+                ]
+            })
+            .collect();
+        Self {
+            layers,
+            head: q8(model.lm_head_weight()),
+        }
+    }
+
     /// The packs of the kept layers (see `Llama::keep_layers`).
     pub fn keep(&self, keep: &[usize]) -> Self {
         Self {

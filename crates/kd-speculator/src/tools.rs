@@ -40,8 +40,8 @@ pub struct EvalConfig {
     /// The target decodes from its GGUF blocks with 8-bit activations (integer dot products,
     /// `Llama::with_int8_activations`), for the target alone and with the draft alike.
     pub target_int8: bool,
-    /// An EAGLE-3 draft decodes from Q8_0 blocks of its weights made at load
-    /// (`Eagle3Draft::with_q8_0_weights`).
+    /// The draft decodes from Q8_0 blocks of its weights made at load, after merging the
+    /// adapter (`Llama::with_q8_0_weights`, `Eagle3Draft::with_q8_0_weights`).
     pub draft_q8_0: bool,
 }
 
@@ -93,13 +93,6 @@ pub fn eval(
         },
         ..config.clone()
     };
-    if !eagle3 && config.draft_q8_0 {
-        return Err(PipelineError::Config(format!(
-            "--draft_q8_0 applies to an EAGLE-3 draft; --draft_model {} is a model (its GGUF \
-             file decodes from its own blocks)",
-            config.draft_model.display()
-        )));
-    }
     if eagle3 && config.adapter.is_some() {
         return Err(PipelineError::Config(format!(
             "--draft_model {} is an EAGLE-3 draft: --adapter applies to a LoRA draft's base model",
@@ -178,6 +171,9 @@ pub fn eval(
             let mut draft = Llama::load(&config.draft_model, &device)?;
             if let Some(adapter) = &config.adapter {
                 draft = draft.load_adapter(adapter)?.0.merge_and_unload();
+            }
+            if config.draft_q8_0 {
+                draft = draft.with_q8_0_weights(true);
             }
             evaluate_across(
                 world,

@@ -294,6 +294,39 @@ fn packed_decoding_equals_the_f32_model() {
 }
 
 #[test]
+fn q8_0_blocks_made_at_load_decode_close_to_the_f32_weights() {
+    let dev = cpu();
+    // The demo draft's MLP is 176 wide: its down projection (not a multiple of 32) keeps
+    // reading f32 while the rest reads blocks.
+    for name in ["demo/target", "demo/draft"] {
+        let f32_model = Llama::load(fixtures().join(name), &dev).unwrap();
+        let q8 = Llama::load(fixtures().join(name), &dev)
+            .unwrap()
+            .with_q8_0_weights(true);
+        assert!(q8.has_packed_weights() && !f32_model.has_packed_weights());
+        let ids: Vec<u32> = vec![1, 17, 250, 3, 99, 42];
+        let batch = TokenBatch::single(&ids);
+        let a = to_vec(q8.logits(&batch).unwrap());
+        let b = to_vec(f32_model.logits(&batch).unwrap());
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = max_abs_diff(&a, &b);
+        // Weights rounded to 8 bits move the logits a little, never much.
+        assert!(
+            d > 0.0 && d < 0.02 * scale,
+            "{name}: max |Δ| {d} at scale {scale}"
+        );
+        // Greedy decoding, batched rows and the KV cache go through the blocks too.
+        let p = [kd_model::SeededPrompt { ids: &ids, seed: 0 }];
+        let mut options = kd_model::GenerateOptions::greedy(8);
+        options.stop_token_ids = vec![u32::MAX];
+        assert_eq!(q8.generate(&p, &options).unwrap()[0].ids.len(), 8);
+        // Dropping the blocks is the f32 model again, bit for bit.
+        let back = to_vec(q8.with_q8_0_weights(false).logits(&batch).unwrap());
+        assert_eq!(back, b, "{name}");
+    }
+}
+
+#[test]
 fn llama3_rope_scaling_is_recovered_from_rope_freqs() {
     // fixtures/make_llama3_gguf.py: tiny-llama3 as llama.cpp's converter writes it (the
     // scaling only as `rope_freqs.weight`); the safetensors twin is tested against transformers.
