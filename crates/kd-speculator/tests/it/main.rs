@@ -21,6 +21,27 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// A copy of the finished run `full` at `cut` as a run killed after its first epoch leaves
+/// it: every checkpoint but `checkpoint-epoch-0` gone, the teacher cache kept.
+pub fn cut_after_first_epoch(full: &std::path::Path, cut: &std::path::Path) {
+    copy_dir(full, cut);
+    for e in std::fs::read_dir(cut).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("checkpoint-") && name != "checkpoint-epoch-0" {
+            std::fs::remove_dir_all(e.path()).unwrap();
+        }
+    }
+}
+
+/// Asserts that `files` of the two runs' `checkpoint-epoch-1` hold the same bytes.
+pub fn same_last_checkpoint(full: &std::path::Path, cut: &std::path::Path, files: &[&str]) {
+    for f in files {
+        let a = std::fs::read(full.join("checkpoint-epoch-1").join(f)).unwrap();
+        let b = std::fs::read(cut.join("checkpoint-epoch-1").join(f)).unwrap();
+        assert!(a == b, "{f} differs after resuming");
+    }
+}
+
 /// The bundled demo pair.
 pub fn demo() -> std::path::PathBuf {
     fixtures().join("demo")

@@ -11,7 +11,7 @@ use kd_teacher::{CacheProgress, LocalTeacher, ServeConfig, router};
 use kd_train::TrainObserver;
 use kd_train::checkpoint::read_state;
 
-use crate::{copy_dir, demo, fixtures, small};
+use crate::{cut_after_first_epoch, demo, fixtures, same_last_checkpoint, small};
 
 /// Records the teacher-cache progress of a run.
 #[derive(Default)]
@@ -164,13 +164,7 @@ fn a_resumed_run_ends_with_the_bytes_of_an_uninterrupted_one() {
     // A run killed after its first epoch checkpoint leaves that checkpoint and the teacher
     // cache behind.
     let cut = dir.path().join("cut");
-    copy_dir(&full, &cut);
-    for e in std::fs::read_dir(&cut).unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("checkpoint-") && name != "checkpoint-epoch-0" {
-            std::fs::remove_dir_all(e.path()).unwrap();
-        }
-    }
+    cut_after_first_epoch(&full, &cut);
     let resumed = SpeculatorConfig {
         output_dir: cut.clone(),
         resume_from_checkpoint: Some("latest".into()),
@@ -185,15 +179,15 @@ fn a_resumed_run_ends_with_the_bytes_of_an_uninterrupted_one() {
         1,
         "only epoch 1 is trained again"
     );
-    for f in [
-        "adapter_model.safetensors",
-        "projection.safetensors",
-        "training_state/optimizer.safetensors",
-    ] {
-        let a = std::fs::read(full.join("checkpoint-epoch-1").join(f)).unwrap();
-        let b = std::fs::read(cut.join("checkpoint-epoch-1").join(f)).unwrap();
-        assert!(a == b, "{f} differs after resuming");
-    }
+    same_last_checkpoint(
+        &full,
+        &cut,
+        &[
+            "adapter_model.safetensors",
+            "projection.safetensors",
+            "training_state/optimizer.safetensors",
+        ],
+    );
 }
 
 /// The `term` of every logged record of a finished run (from the last checkpoint's
@@ -312,8 +306,7 @@ fn a_resumed_on_policy_run_samples_what_the_uninterrupted_one_sampled() {
     );
 
     let cut = dir.path().join("cut");
-    copy_dir(&full, &cut);
-    std::fs::remove_dir_all(cut.join("checkpoint-epoch-1")).unwrap();
+    cut_after_first_epoch(&full, &cut);
     let resumed = SpeculatorConfig {
         output_dir: cut.clone(),
         resume_from_checkpoint: Some("latest".into()),
@@ -322,14 +315,14 @@ fn a_resumed_on_policy_run_samples_what_the_uninterrupted_one_sampled() {
     let again = run(&resumed, &mut Record::default()).unwrap();
     let second = again.on_policy.expect("on-policy totals");
     assert!(second.rows > 0 && second.rows < totals.rows);
-    for f in [
-        "adapter_model.safetensors",
-        "training_state/optimizer.safetensors",
-    ] {
-        let a = std::fs::read(full.join("checkpoint-epoch-1").join(f)).unwrap();
-        let b = std::fs::read(cut.join("checkpoint-epoch-1").join(f)).unwrap();
-        assert!(a == b, "{f} differs after resuming an on-policy run");
-    }
+    same_last_checkpoint(
+        &full,
+        &cut,
+        &[
+            "adapter_model.safetensors",
+            "training_state/optimizer.safetensors",
+        ],
+    );
     // A different λ is another run: resuming it is refused.
     let other = SpeculatorConfig {
         on_policy_ratio: 0.25,

@@ -9,7 +9,7 @@ use std::path::Path;
 use kd_speculator::{DraftMethod, EvalConfig, Phase, SpeculatorConfig, SpeculatorObserver, run};
 use kd_train::TrainObserver;
 
-use crate::{copy_dir, demo, small};
+use crate::{cut_after_first_epoch, demo, same_last_checkpoint, small};
 
 /// The demo run at test size (`small`) with an EAGLE-3 head: 240 prompts (24 held out).
 fn small_eagle3(out: &Path) -> SpeculatorConfig {
@@ -233,8 +233,7 @@ fn a_resumed_eagle3_run_ends_with_the_bytes_of_an_uninterrupted_one() {
     };
     run(&config, &mut Phases::default()).unwrap();
     let cut = dir.path().join("cut");
-    copy_dir(&full, &cut);
-    std::fs::remove_dir_all(cut.join("checkpoint-epoch-1")).unwrap();
+    cut_after_first_epoch(&full, &cut);
     let resumed = SpeculatorConfig {
         output_dir: cut.clone(),
         resume_from_checkpoint: Some("latest".into()),
@@ -242,11 +241,11 @@ fn a_resumed_eagle3_run_ends_with_the_bytes_of_an_uninterrupted_one() {
     };
     let summary = run(&resumed, &mut Phases::default()).unwrap();
     assert_eq!(summary.train.checkpoints.len(), 1, "only epoch 1 again");
-    for f in ["model.safetensors", "training_state/optimizer.safetensors"] {
-        let a = std::fs::read(full.join("checkpoint-epoch-1").join(f)).unwrap();
-        let b = std::fs::read(cut.join("checkpoint-epoch-1").join(f)).unwrap();
-        assert!(a == b, "{f} differs after resuming");
-    }
+    same_last_checkpoint(
+        &full,
+        &cut,
+        &["model.safetensors", "training_state/optimizer.safetensors"],
+    );
 }
 
 #[test]
