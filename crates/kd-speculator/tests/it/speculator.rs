@@ -401,6 +401,13 @@ fn bad_inputs_are_clear_errors() {
         "{e}"
     );
 
+    // A threshold that is not a probability.
+    let e = err(&SpeculatorConfig {
+        eval_draft_p_min: 1.5,
+        ..small(&out)
+    });
+    assert!(e.contains("--eval_draft_p_min") && e.contains("1.5"), "{e}");
+
     // A draft with another vocabulary: both sizes are named.
     let other = dir.path().join("other-draft");
     std::fs::create_dir_all(&other).unwrap();
