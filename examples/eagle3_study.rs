@@ -2,8 +2,9 @@
 //! completions of the training prompts, a fresh one-layer EAGLE-3 draft learns them with TTT,
 //! and greedy decoding of the held-out prompts runs with the target alone and with the draft,
 //! one prompt at a time, in the same process; outputs are checked equal. `--draft DIR`
-//! measures a trained draft instead (a pipeline checkpoint); `--k 1,2,4 --draft_p_min 0,0.5`
-//! measures every combination, between two runs of the target alone.
+//! measures a trained draft instead (a pipeline checkpoint); `--k 1,2,4 --draft-p-min 0,0.5`
+//! measures every combination, each prompt decoded by the target alone and by every
+//! combination in turn (so that the machine's drift falls on all of them alike).
 //!
 //! ```text
 //! fixtures/fetch-smollm2.sh
@@ -139,47 +140,81 @@ fn main() -> Result<()> {
     }
     .with_q8_0_weights(args.draft_q8_0);
 
-    // 3. Greedy decoding of the held-out prompts, one at a time: the target alone, then with
-    //    the draft at each k and draft_p_min, then the target alone again (the machine's drift
-    //    shows in the two baselines).
-    let (plain, first_rate) = plain_decoding(&target, &held_out, args.max_new_tokens, &stop)?;
+    // 3. Greedy decoding of the held-out prompts, one at a time, interleaved: for each prompt
+    //    the target alone, then the draft at each k and draft_p_min, so that the machine's
+    //    drift over the run falls on every arm alike.
     let drafter = kd_eval::Eagle3Drafter::new(&draft, layers);
-    println!(
-        "held-out prompts: {}, batch 1, greedy; target alone {first_rate:.1} tokens/s",
-        held_out.len()
-    );
-    let mut rows = Vec::new();
+    let mut specs = Vec::new();
     for &k in &args.k {
         for &draft_p_min in &args.draft_p_min {
-            let spec = kd_eval::SpecConfig {
+            specs.push(kd_eval::SpecConfig {
                 k,
                 max_new_tokens: args.max_new_tokens,
                 sampling: kd_model::Sampling::GREEDY,
                 stop_token_ids: stop.clone(),
                 draft_p_min,
-            };
-            let (ours, stats, seconds) = spec_decoding(&target, &drafter, &held_out, &spec)?;
-            anyhow::ensure!(
-                ours == plain,
-                "k {k}, draft_p_min {draft_p_min}: greedy outputs differ from the target alone"
-            );
-            let generated: usize = ours.iter().map(Vec::len).sum();
-            rows.push((k, draft_p_min, generated as f64 / seconds, stats));
+            });
         }
     }
-    let (_, last_rate) = plain_decoding(&target, &held_out, args.max_new_tokens, &stop)?;
-    let plain_rate = 0.5 * (first_rate + last_rate);
+    let mut options = GenerateOptions::greedy(args.max_new_tokens);
+    options.stop_token_ids = stop.clone();
+    let (mut plain_seconds, mut plain_tokens) = (0f64, 0usize);
+    // Per arm: seconds, tokens, counts, rows equal to the target alone.
+    let mut arms: Vec<(f64, usize, kd_eval::SpecStats, usize)> =
+        vec![(0.0, 0, kd_eval::SpecStats::default(), 0); specs.len()];
+    for (i, p) in held_out.iter().enumerate() {
+        let prompt = [SeededPrompt {
+            ids: p,
+            seed: i as u64,
+        }];
+        let started = Instant::now();
+        let plain = target.generate(&prompt, &options)?.remove(0).ids;
+        plain_seconds += started.elapsed().as_secs_f64();
+        plain_tokens += plain.len();
+        for (spec, arm) in specs.iter().zip(arms.iter_mut()) {
+            let started = Instant::now();
+            let out = kd_eval::speculative_generate(&target, &drafter, &prompt, spec)?;
+            arm.0 += started.elapsed().as_secs_f64();
+            let ids = &out.completions[0].ids;
+            arm.1 += ids.len();
+            arm.2.merge(&out.stats);
+            // With f32 activations every row must equal the target alone's; with 8-bit ones a
+            // multi-token pass may round differently from one-token passes (counted).
+            anyhow::ensure!(
+                args.int8 || *ids == plain,
+                "k {}, draft_p_min {}: prompt {i} differs from the target alone",
+                spec.k,
+                spec.draft_p_min
+            );
+            arm.3 += usize::from(*ids == plain);
+        }
+    }
+    let plain_rate = plain_tokens as f64 / plain_seconds;
     let per_token = 1.0 / plain_rate;
     println!(
-        "target alone again {last_rate:.1} tokens/s; speedups against the mean, {plain_rate:.1} \
-         tokens/s; every output equal to the target alone's"
+        "held-out prompts: {}, batch 1, greedy, each prompt decoded by every arm in turn; target \
+         alone {plain_rate:.1} tokens/s ({plain_tokens} tokens in {plain_seconds:.1} s)",
+        held_out.len()
     );
+    let rows: Vec<_> = specs
+        .iter()
+        .zip(arms)
+        .map(|(spec, (seconds, tokens, stats, equal))| {
+            (
+                spec.k,
+                spec.draft_p_min,
+                tokens as f64 / seconds,
+                stats,
+                equal,
+            )
+        })
+        .collect();
     println!(
         "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | target \
-         pass | draft per round |"
+         pass | draft per round | rows equal to the target alone |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for (k, p_min, rate, s) in rows {
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (k, p_min, rate, s, equal) in rows {
         let rounds = s.verify_steps.max(1) as f64;
         let pass = s.target_seconds / s.target_forwards.max(1) as f64;
         let positions: Vec<String> = s
@@ -188,7 +223,7 @@ fn main() -> Result<()> {
             .map(|a| format!("{:.0}%", 100.0 * a))
             .collect();
         println!(
-            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms |",
+            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {equal}/{} |",
             rate / plain_rate,
             s.mean_accepted_length_with_bonus(),
             s.drafted as f64 / rounds,
@@ -196,66 +231,10 @@ fn main() -> Result<()> {
             1e3 * pass,
             pass / per_token,
             1e3 * s.draft_seconds / rounds,
+            held_out.len(),
         );
     }
     Ok(())
-}
-
-/// Each prompt decoded alone by the target, greedily; the completions and tokens/s.
-fn plain_decoding(
-    target: &Llama,
-    prompts: &[Vec<u32>],
-    max_new_tokens: usize,
-    stop: &[u32],
-) -> Result<(Vec<Vec<u32>>, f64)> {
-    let mut options = GenerateOptions::greedy(max_new_tokens);
-    options.stop_token_ids = stop.to_vec();
-    let started = Instant::now();
-    let mut out = Vec::with_capacity(prompts.len());
-    for (i, p) in prompts.iter().enumerate() {
-        let c = target.generate(
-            &[SeededPrompt {
-                ids: p,
-                seed: i as u64,
-            }],
-            &options,
-        )?;
-        out.push(c.into_iter().next().map(|c| c.ids).unwrap_or_default());
-    }
-    let tokens: usize = out.iter().map(Vec::len).sum();
-    Ok((out, tokens as f64 / started.elapsed().as_secs_f64()))
-}
-
-/// Each prompt decoded alone with the draft; the completions, the counts and the seconds.
-fn spec_decoding(
-    target: &Llama,
-    drafter: &kd_eval::Eagle3Drafter<'_>,
-    prompts: &[Vec<u32>],
-    spec: &kd_eval::SpecConfig,
-) -> Result<(Vec<Vec<u32>>, kd_eval::SpecStats, f64)> {
-    let started = Instant::now();
-    let mut out = Vec::with_capacity(prompts.len());
-    let mut stats = kd_eval::SpecStats::default();
-    for (i, p) in prompts.iter().enumerate() {
-        let o = kd_eval::speculative_generate(
-            target,
-            drafter,
-            &[SeededPrompt {
-                ids: p,
-                seed: i as u64,
-            }],
-            spec,
-        )?;
-        stats.merge(&o.stats);
-        out.push(
-            o.completions
-                .into_iter()
-                .next()
-                .map(|c| c.ids)
-                .unwrap_or_default(),
-        );
-    }
-    Ok((out, stats, started.elapsed().as_secs_f64()))
 }
 
 /// The target's completions of the training prompts (kept in `OUT/completions.json`), then a

@@ -135,8 +135,10 @@ impl Llama {
     /// computes: each product's input rows are quantised to 8-bit blocks of 32 (Q8_1) and
     /// meet the weights' blocks in integer dot products (AVX2, or AVX-512 VNNI where the CPU
     /// has it). Faster than dequantising each block to f32, and no longer the f32 copy's
-    /// arithmetic; a row's result still does not depend on the rest of the batch, so
-    /// speculative decoding still reproduces plain decoding. No effect on a model without
+    /// arithmetic. A row's products do not depend on the rest of the batch, but 8-bit
+    /// rounding can turn the last-bit differences of a multi-token pass (attention) into
+    /// another greedy token, so speculative decoding reproduces plain decoding on most rows,
+    /// not all. No effect on a model without
     /// packed blocks, or on passes of more than a few rows (prefill, training).
     pub fn with_int8_activations(mut self, on: bool) -> Self {
         if let Some(p) = self.packed.as_mut() {
