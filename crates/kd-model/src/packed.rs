@@ -81,18 +81,7 @@ impl Packed {
     /// does. A matrix whose input width is not a multiple of 32, or whose weights are not f32,
     /// gets none (it decodes from its f32 weights).
     pub fn q8_0_from_weights(model: &crate::Llama) -> Self {
-        // `w` is `[out, in]`.
-        let q8 = |w: Tensor<2>| -> Option<PackedMatrix> {
-            let [rows, cols] = w.dims();
-            let values = w.into_data().try_to_vec::<f32>().ok()?;
-            PackedMatrix::new(
-                GgmlType::Q8_0,
-                rows,
-                cols,
-                &kd_gguf::quantize_q8_0(&values).ok()?,
-            )
-        };
-        let proj = |p: &kd_lora::LoraLinear| q8(p.base.weight.val().transpose());
+        let proj = |p: &kd_lora::LoraLinear| PackedMatrix::q8_0(p.base.weight.val().transpose());
         let layers = model
             .layers
             .iter()
@@ -111,7 +100,7 @@ impl Packed {
             .collect();
         Self {
             layers,
-            head: q8(model.lm_head_weight()),
+            head: PackedMatrix::q8_0(model.lm_head_weight()),
         }
     }
 
@@ -231,6 +220,19 @@ impl PackedMatrix {
             m,
             int8: false,
         })
+    }
+
+    /// `w` (`[rows, cols]`, f32) quantised to Q8_0 blocks as llama.cpp's `quantize_row_q8_0`
+    /// does; `None` when `cols` is not a multiple of 32 or the values are not f32.
+    pub(crate) fn q8_0(w: Tensor<2>) -> Option<Self> {
+        let [rows, cols] = w.dims();
+        let values = w.into_data().try_to_vec::<f32>().ok()?;
+        Self::new(
+            GgmlType::Q8_0,
+            rows,
+            cols,
+            &kd_gguf::quantize_q8_0(&values).ok()?,
+        )
     }
 
     /// Undoes llama.cpp's Q/K row permutation (see `gguf::unpermute_rows`) on whole rows of

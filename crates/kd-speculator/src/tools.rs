@@ -172,9 +172,7 @@ pub fn eval(
             if let Some(adapter) = &config.adapter {
                 draft = draft.load_adapter(adapter)?.0.merge_and_unload();
             }
-            if config.draft_q8_0 {
-                draft = draft.with_q8_0_weights(true);
-            }
+            let draft = draft.with_q8_0_weights(config.draft_q8_0);
             evaluate_across(
                 world,
                 &target,

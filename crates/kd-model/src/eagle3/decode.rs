@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use burn::module::Param;
 use burn::tensor::Tensor;
-use kd_gguf::GgmlType;
 
 use super::{Eagle3Draft, project};
 use crate::packed::{PackedMatrix, packed_project};
@@ -66,13 +65,8 @@ impl Eagle3Draft {
     /// draft whose weights change afterwards must call it again.
     pub fn with_q8_0_weights(mut self, on: bool) -> Self {
         self.packed = on.then(|| {
-            Arc::new(PROJECTIONS.map(|p| {
-                let w = self.weight(p).val(); // [in, out]
-                let [input, out] = w.dims();
-                let rows = w.transpose().into_data().try_to_vec::<f32>().ok()?; // [out, in]
-                let blocks = kd_gguf::quantize_q8_0(&rows).ok()?;
-                PackedMatrix::new(GgmlType::Q8_0, out, input, &blocks)
-            }))
+            // Weights are held `[in, out]`; blocks run along `in`.
+            Arc::new(PROJECTIONS.map(|p| PackedMatrix::q8_0(self.weight(p).val().transpose())))
         });
         self
     }
