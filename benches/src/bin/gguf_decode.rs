@@ -53,6 +53,9 @@ struct Args {
     /// (a speculative verification of N − 1 drafts costs one such pass), beside N = 1.
     #[arg(long, value_delimiter = ',')]
     verify: Vec<usize>,
+    /// Which of our paths to run (`f32`, `packed`, `int8`).
+    #[arg(long, value_delimiter = ',', default_value = "f32,packed,int8")]
+    paths: Vec<String>,
     /// Directory with llama.cpp's `llama-batched-bench` (`fixtures/build-llama-server.sh`).
     #[arg(long)]
     llama_cpp_bin: Option<PathBuf>,
@@ -72,7 +75,17 @@ fn main() -> Result<()> {
     }
     let device = parse_device("cpu")?;
     let mut ours = Vec::new();
+    if let Some(bad) = args
+        .paths
+        .iter()
+        .find(|p| !["f32", "packed", "int8"].contains(&p.as_str()))
+    {
+        bail!("--paths {bad}: the paths are f32, packed and int8");
+    }
     for label in ["f32", "packed", "int8"] {
+        if !args.paths.iter().any(|p| p == label) {
+            continue;
+        }
         let start = Instant::now();
         let packed = label != "f32";
         let mut model = if packed {

@@ -24,9 +24,7 @@ use crate::model::LayerPacks;
 use crate::q8::{self, BlockRow, Q8Rows};
 
 mod kernels;
-use kernels::dot_row;
-#[cfg(target_arch = "x86_64")]
-use kernels::dot_row_avx2;
+use kernels::Kernel;
 
 /// The packed weights of a model loaded from GGUF: per layer q, k, v, o, gate, up, down (each
 /// when stored in a packed type), and the LM head (`output.weight`, or the tied embedding).
@@ -296,20 +294,13 @@ impl PackedMatrix {
 
     /// `x [n, cols] · selfᵀ` → `[n, rows]`, with `x` row-major.
     pub fn matmul_t(&self, x: &[f32], n: usize) -> Vec<f32> {
+        self.matmul_t_with(x, n, Kernel::detect())
+    }
+
+    fn matmul_t_with(&self, x: &[f32], n: usize, kernel: Kernel) -> Vec<f32> {
         assert_eq!(x.len(), n * self.cols, "x must be [n, cols]");
-        let row_bytes = self.row_bytes();
-        let simd = crate::skinny::avx2();
         self.par_rows(n, |row, acc, nb, j| {
-            let w = &self.bytes[row * row_bytes..(row + 1) * row_bytes];
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                let r = self.block_row(row);
-                // SAFETY: the CPU supports the features the function was compiled for.
-                unsafe { dot_row_avx2(self.ty, (w, r.d, r.m), x, n, self.cols, acc, nb, j) };
-                return;
-            }
-            let _ = simd;
-            dot_row(self.ty, w, x, n, self.cols, acc, nb, j);
+            kernel.dot_row(self.ty, &self.block_row(row), x, n, self.cols, acc, nb, j);
         })
     }
 
@@ -405,19 +396,40 @@ mod tests {
                     );
                 }
             }
-            // The scalar kernel gives the same bits, and a row alone the same as in the batch.
-            let mut scalar = vec![0f32; n * rows];
-            for j in 0..rows {
-                let rb = cols / 32 * ty.block().unwrap().1;
-                let row = &bytes[j * rb..(j + 1) * rb];
-                dot_row(ty, row, &x, n, cols, &mut scalar, rows, j);
+            // Every kernel this CPU has gives the scalar kernel's bits.
+            let scalar = p.matmul_t_with(&x, n, Kernel::Scalar);
+            for k in Kernel::available() {
+                assert_eq!(p.matmul_t_with(&x, n, k), scalar, "{ty:?}: {k:?} vs scalar");
             }
-            assert_eq!(scalar, got, "{ty:?}: scalar vs SIMD");
-            assert_eq!(
-                p.matmul_t(&x[..cols], 1),
-                got[..rows].to_vec(),
-                "{ty:?}: row alone"
-            );
+            assert_eq!(got, scalar, "{ty:?}: the detected kernel");
+        }
+    }
+
+    /// Every kernel gives each input row the bits it gives that row alone, whatever the
+    /// number of rows (1 to 11: every group size of the SIMD kernels and their remainders):
+    /// a speculative verification of k drafts then agrees with plain decoding exactly.
+    #[test]
+    fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
+        let mut next = lcg(23);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+            let (rows, cols, n) = (9, 160, 11);
+            let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
+            let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
+            for k in Kernel::available() {
+                let alone: Vec<Vec<f32>> = (0..n)
+                    .map(|r| p.matmul_t_with(&x[r * cols..(r + 1) * cols], 1, k))
+                    .collect();
+                for m in 1..=n {
+                    let got = p.matmul_t_with(&x[..m * cols], m, k);
+                    for (r, want) in alone.iter().enumerate().take(m) {
+                        assert_eq!(
+                            &got[r * rows..(r + 1) * rows],
+                            &want[..],
+                            "{ty:?} {k:?} {m}"
+                        );
+                    }
+                }
+            }
         }
     }
 
