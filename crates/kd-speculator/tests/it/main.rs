@@ -1,6 +1,7 @@
 //! The speculator pipeline end to end on the demo fixtures.
 
 mod eagle3;
+mod magpie;
 mod speculator;
 mod speculator_eagle3;
 
