@@ -59,6 +59,10 @@ struct Args {
     /// Use at most this many training prompts.
     #[arg(long)]
     max_train_prompts: Option<usize>,
+    /// Held-out prompts at most, as the pipeline's `--eval_max_prompts` (give the value of
+    /// the run that trained `--draft`, so that the held-out prompts are the ones it held out).
+    #[arg(long, default_value_t = 200)]
+    eval_max_prompts: usize,
     /// Seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -107,6 +111,7 @@ fn main() -> Result<()> {
     let config = SpeculatorConfig {
         data_dir: args.data_dir.clone(),
         seed: args.seed,
+        eval_max_prompts: args.eval_max_prompts,
         ..SpeculatorConfig::default()
     };
     let limit = kd_speculator::prompt_limit(
