@@ -330,6 +330,10 @@ pub struct TrainArgs {
     /// under the draft is below this (llama.cpp's --draft-p-min); 0 always drafts --eval_k.
     #[arg(long, default_value_t = d().eval_draft_p_min)]
     pub eval_draft_p_min: f32,
+    /// When measuring acceptance, decode the draft from Q8_0 blocks of its weights (made at
+    /// load; training is unchanged).
+    #[arg(long)]
+    pub eval_draft_q8_0: bool,
     /// Draft hidden state distilled (output_hidden_states index; default the last).
     #[arg(long)]
     pub distill_draft_layer: Option<usize>,

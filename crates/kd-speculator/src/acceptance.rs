@@ -35,6 +35,9 @@ pub struct CheckpointAcceptance {
 pub struct AcceptanceFile {
     /// How acceptance was measured.
     pub options: EvalOptions,
+    /// Whether the draft decoded from Q8_0 blocks of its weights (`--eval_draft_q8_0`).
+    #[serde(default)]
+    pub draft_q8_0: bool,
     /// Number of held-out prompts.
     pub prompts: usize,
     /// SHA-256 of the held-out prompts' ids.
@@ -76,6 +79,7 @@ pub(crate) struct CheckpointEval<'a> {
     pub(crate) base: CheckpointDraft<'a>,
     pub(crate) prompts: &'a [Vec<u32>],
     pub(crate) options: &'a EvalOptions,
+    pub(crate) draft_q8_0: bool,
     pub(crate) every: usize,
     pub(crate) last_step: usize,
     pub(crate) results: Vec<CheckpointAcceptance>,
@@ -93,7 +97,7 @@ impl CheckpointEval<'_> {
         let report = match &self.base {
             CheckpointDraft::Lora(base) => {
                 let (draft, _) = (*base).clone().load_adapter(dir)?;
-                let merged = draft.merge_and_unload();
+                let merged = draft.merge_and_unload().with_q8_0_weights(self.draft_q8_0);
                 evaluate(self.target, &merged, self.prompts, self.options, progress)?
             }
             CheckpointDraft::Eagle3(source) => {
@@ -102,7 +106,8 @@ impl CheckpointEval<'_> {
                     device,
                     layers,
                 } = source.as_ref();
-                let draft = Eagle3Draft::load(dir, Some(embedding.clone()), device)?;
+                let draft = Eagle3Draft::load(dir, Some(embedding.clone()), device)?
+                    .with_q8_0_weights(self.draft_q8_0);
                 let drafter = Eagle3Drafter::new(&draft, *layers);
                 evaluate(self.target, &drafter, self.prompts, self.options, progress)?
             }
@@ -163,6 +168,8 @@ pub(crate) struct Acceptance<'a> {
     pub(crate) target: Option<&'a Llama>,
     pub(crate) prompts: Vec<Vec<u32>>,
     pub(crate) options: EvalOptions,
+    /// Drafts are measured decoding from Q8_0 blocks of their weights.
+    pub(crate) draft_q8_0: bool,
     pub(crate) path: PathBuf,
     output_dir: &'a std::path::Path,
     pub(crate) file: Option<AcceptanceFile>,
@@ -181,6 +188,7 @@ impl<'a> Acceptance<'a> {
         let target = teacher.target().filter(|_| !prompts.is_empty());
         let file = target.map(|_| AcceptanceFile {
             options: options.clone(),
+            draft_q8_0: config.eval_draft_q8_0,
             prompts: prompts.len(),
             prompts_hash: sequences_hash(&prompts),
             before: None,
@@ -196,6 +204,7 @@ impl<'a> Acceptance<'a> {
             target,
             prompts,
             options,
+            draft_q8_0: config.eval_draft_q8_0,
             path: config.output_dir.join(ACCEPTANCE_FILE),
             output_dir: &config.output_dir,
             file,
@@ -213,8 +222,11 @@ impl<'a> Acceptance<'a> {
         let (Some(file), Some(target)) = (self.file.as_mut(), self.target) else {
             return Ok(());
         };
-        let previous = read_acceptance(&self.path)
-            .filter(|p| p.options == file.options && p.prompts_hash == file.prompts_hash);
+        let previous = read_acceptance(&self.path).filter(|p| {
+            p.options == file.options
+                && p.draft_q8_0 == file.draft_q8_0
+                && p.prompts_hash == file.prompts_hash
+        });
         let before = match previous.and_then(|p| p.before) {
             Some(before) => before,
             None => measure(&self.prompts, &self.options, target, draft, observer)?,
@@ -292,6 +304,7 @@ impl<'a> Acceptance<'a> {
             base,
             prompts: &self.prompts,
             options: &self.options,
+            draft_q8_0: self.draft_q8_0,
             every,
             last_step: 0,
             results: Vec::new(),

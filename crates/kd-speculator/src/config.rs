@@ -132,6 +132,10 @@ pub struct SpeculatorConfig {
     /// probability under the draft is below this (llama.cpp's `--draft-p-min`; 0 always drafts
     /// `eval_k`).
     pub eval_draft_p_min: f32,
+    /// In the acceptance measurement, the draft decodes from Q8_0 blocks of its weights, made
+    /// at load (`Llama::with_q8_0_weights`, `Eagle3Draft::with_q8_0_weights`), as `speculator
+    /// eval --draft_q8_0` does; training is unchanged.
+    pub eval_draft_q8_0: bool,
     /// The draft's hidden state distilled (transformers' `output_hidden_states` index;
     /// default: the last, after the final norm).
     pub distill_draft_layer: Option<usize>,
@@ -264,6 +268,7 @@ impl Default for SpeculatorConfig {
             eval_batch_size: 8,
             eval_temperature: 0.0,
             eval_draft_p_min: 0.0,
+            eval_draft_q8_0: false,
             distill_draft_layer: None,
             distill_target_layer: None,
             lora_target_modules: [

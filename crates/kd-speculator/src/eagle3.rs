@@ -275,8 +275,9 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
     }
     if eval.file.is_some() {
         observer.on_phase(Phase::EvalBefore);
+        let head = draft.clone().with_q8_0_weights(eval.draft_q8_0);
         eval.before(
-            &kd_eval::Eagle3Drafter::new(&draft, layers),
+            &kd_eval::Eagle3Drafter::new(&head, layers),
             tb.as_deref_mut(),
             observer,
         )?;
@@ -316,8 +317,9 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
 
     if eval.file.is_some() {
         observer.on_phase(Phase::EvalAfter);
+        let head = trained.draft.clone().with_q8_0_weights(eval.draft_q8_0);
         eval.after(
-            &kd_eval::Eagle3Drafter::new(&trained.draft, layers),
+            &kd_eval::Eagle3Drafter::new(&head, layers),
             &summary,
             &measured,
             tb,

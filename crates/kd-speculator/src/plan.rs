@@ -274,7 +274,7 @@ fn acceptance_line(config: &SpeculatorConfig, s: &Setup) -> String {
         "not measured".to_string()
     } else {
         format!(
-            "{} held-out prompts, k = {}{}, {} new tokens, batch {}, {}; before and after training{}",
+            "{} held-out prompts, k = {}{}{}, {} new tokens, batch {}, {}; before and after training{}",
             p.eval.len(),
             config.eval_k,
             if config.eval_draft_p_min > 0.0 {
@@ -284,6 +284,11 @@ fn acceptance_line(config: &SpeculatorConfig, s: &Setup) -> String {
                 )
             } else {
                 String::new()
+            },
+            if config.eval_draft_q8_0 {
+                ", the draft from Q8_0 blocks"
+            } else {
+                ""
             },
             config.eval_max_new_tokens,
             config.eval_batch_size,

@@ -200,7 +200,10 @@ fn train_lora(
     let (draft, projection) = init_draft(config, setup, draft_base, scores.as_deref())?;
     if eval.file.is_some() {
         observer.on_phase(Phase::EvalBefore);
-        let merged = draft.clone().merge_and_unload();
+        let merged = draft
+            .clone()
+            .merge_and_unload()
+            .with_q8_0_weights(eval.draft_q8_0);
         eval.before(&merged, tb.as_deref_mut(), observer)?;
         timer.end(Phase::EvalBefore);
     }
@@ -222,7 +225,11 @@ fn train_lora(
 
     if eval.file.is_some() {
         observer.on_phase(Phase::EvalAfter);
-        let merged = trained.draft.clone().merge_and_unload();
+        let merged = trained
+            .draft
+            .clone()
+            .merge_and_unload()
+            .with_q8_0_weights(eval.draft_q8_0);
         eval.after(
             &merged,
             &trained.trained.summary,

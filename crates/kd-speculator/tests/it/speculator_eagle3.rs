@@ -114,6 +114,29 @@ fn an_eagle3_head_learns_the_target_and_keeps_its_output() {
     assert!(report.mean_accepted_length > 0.0, "{report:?}");
 
     exports_for_sglang_and_vllm(&out, &out.join("checkpoint-epoch-2"));
+
+    // The finished run resumed with `--eval_draft_q8_0`: the acceptance is measured again
+    // (not reused from the f32 measurement), with the head decoding from Q8_0 blocks, and is
+    // recorded as such; greedy output is still the target's.
+    let f32_file = kd_speculator::read_acceptance(&out.join("acceptance.json")).unwrap();
+    assert!(!f32_file.draft_q8_0);
+    let q8 = SpeculatorConfig {
+        eval_draft_q8_0: true,
+        resume_from_checkpoint: Some("latest".into()),
+        ..small_eagle3(&out)
+    };
+    let resumed = run(&q8, &mut Phases::default()).unwrap();
+    let a8 = resumed.acceptance.as_ref().unwrap();
+    let (before8, after8) = (a8.before.as_ref().unwrap(), a8.after.as_ref().unwrap());
+    assert_eq!(before8.greedy_identical_rows, Some(24));
+    assert_eq!(after8.greedy_identical_rows, Some(24));
+    let file = kd_speculator::read_acceptance(&out.join("acceptance.json")).unwrap();
+    assert!(file.draft_q8_0);
+    // A reused report would be the f32 one to the bit, its timings included.
+    assert_ne!(
+        file.before, f32_file.before,
+        "the Q8_0 measurement reused the f32 one"
+    );
 }
 
 /// `speculator export` of a trained checkpoint: both layouts load back to the same tensors,
