@@ -84,6 +84,8 @@ impl GgmlType {
     }
 
     /// `(elements per block, bytes per block)`, or `None` for a type this crate cannot read.
+    /// Inlined: the packed kernels ask it once per matrix row.
+    #[inline]
     pub fn block(self) -> Option<(usize, usize)> {
         Some(match self {
             Self::F32 => (1, 4),

@@ -62,9 +62,7 @@ pub fn magpie_prefix(tokenizer: &ChatTokenizer, system: Option<&str>) -> Result<
             "Magpie prompts need the target's chat template, and its tokenizer has none".into(),
         )
     })?;
-    let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
-    messages.push(Message::user(MARK));
-    let text = template.render(&messages, false)?;
+    let text = template.render(&conversation(system, MARK), false)?;
     let cut = text.find(MARK).ok_or_else(|| {
         PipelineError::Config(
             "the chat template does not write the user's message verbatim, so no prefix for \
@@ -155,16 +153,11 @@ pub fn write_batch_input(
 ) -> Result<()> {
     let mut text = String::new();
     for (i, p) in prompts.iter().enumerate() {
-        let mut messages = Vec::new();
-        if let Some(s) = system {
-            messages.push(serde_json::json!({"role": "system", "content": s}));
-        }
-        messages.push(serde_json::json!({"role": "user", "content": p}));
         let line = serde_json::json!({
             "custom_id": format!("{id_prefix}-{i:05}"),
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": "target", "messages": messages},
+            "body": {"model": "target", "messages": conversation(system, p)},
         });
         text.push_str(&line.to_string());
         text.push('\n');
@@ -179,4 +172,14 @@ pub fn write_batch_input(
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// `system` (when given), then `user`: the conversation a Magpie prompt is sampled in and
+/// written as.
+fn conversation(system: Option<&str>, user: &str) -> Vec<Message> {
+    system
+        .map(Message::system)
+        .into_iter()
+        .chain([Message::user(user)])
+        .collect()
 }
