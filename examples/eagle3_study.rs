@@ -103,11 +103,8 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let target = Llama::load_for_inference(&args.target, &device)?.with_int8_activations(args.int8);
     let tc = target.config().clone();
-    let tokenizer = if args.target.is_file() {
-        ChatTokenizer::from_gguf(&args.target)?
-    } else {
-        ChatTokenizer::from_dir(&args.target)?
-    };
+    // A model directory or a .gguf file alike.
+    let tokenizer = ChatTokenizer::from_dir(&args.target)?;
     let config = SpeculatorConfig {
         data_dir: args.data_dir.clone(),
         seed: args.seed,

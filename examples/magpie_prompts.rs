@@ -53,11 +53,8 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let device = parse_device("cpu")?;
     let target = Llama::load_for_inference(&args.target, &device)?;
-    let tokenizer = if args.target.is_file() {
-        ChatTokenizer::from_gguf(&args.target)?
-    } else {
-        ChatTokenizer::from_dir(&args.target)?
-    };
+    // A model directory or a .gguf file alike.
+    let tokenizer = ChatTokenizer::from_dir(&args.target)?;
     let options = MagpieOptions {
         count: args.count,
         system: args.system.clone(),
