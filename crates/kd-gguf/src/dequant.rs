@@ -26,6 +26,10 @@ pub enum GgmlType {
     Q5K,
     /// Super-blocks of 256: 16 sub-blocks of 16 with 8-bit scales, 6-bit values.
     Q6K,
+    /// 32-bit signed integers (stored and copied, not dequantised).
+    I32,
+    /// 64-bit signed integers (an EAGLE-3 draft's `d2t`; stored and copied, not dequantised).
+    I64,
     /// A type this crate knows by name but does not dequantise.
     Other(u32),
 }
@@ -42,6 +46,8 @@ impl GgmlType {
             12 => Self::Q4K,
             13 => Self::Q5K,
             14 => Self::Q6K,
+            26 => Self::I32,
+            27 => Self::I64,
             30 => Self::BF16,
             other => Self::Other(other),
         }
@@ -58,6 +64,8 @@ impl GgmlType {
             Self::Q4K => 12,
             Self::Q5K => 13,
             Self::Q6K => 14,
+            Self::I32 => 26,
+            Self::I64 => 27,
             Self::BF16 => 30,
             Self::Other(id) => id,
         }
@@ -76,6 +84,8 @@ impl GgmlType {
             Self::Q4K => "Q4_K".into(),
             Self::Q5K => "Q5_K".into(),
             Self::Q6K => "Q6_K".into(),
+            Self::I32 => "I32".into(),
+            Self::I64 => "I64".into(),
             Self::Other(id) => match other_name(id) {
                 Some(n) => n.into(),
                 None => format!("type id {id}"),
@@ -83,7 +93,9 @@ impl GgmlType {
         }
     }
 
-    /// `(elements per block, bytes per block)`, or `None` for a type this crate cannot read.
+    /// `(elements per block, bytes per block)`, or `None` for a type whose layout this crate
+    /// does not know. The integer types have one (their bytes can be read and written) but no
+    /// dequantiser ([`block_dequantizer`]).
     /// Inlined: the packed kernels ask it once per matrix row.
     #[inline]
     pub fn block(self) -> Option<(usize, usize)> {
@@ -96,6 +108,8 @@ impl GgmlType {
             Self::Q4K => (256, 144),
             Self::Q5K => (256, 176),
             Self::Q6K => (256, 210),
+            Self::I32 => (1, 4),
+            Self::I64 => (1, 8),
             Self::Other(_) => return None,
         })
     }
@@ -120,8 +134,6 @@ fn other_name(id: u32) -> Option<&'static str> {
         23 => "IQ4_XS",
         24 => "I8",
         25 => "I16",
-        26 => "I32",
-        27 => "I64",
         28 => "F64",
         29 => "IQ1_M",
         34 => "TQ1_0",
@@ -173,7 +185,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Deq
             values: out.len(),
         });
     }
-    let f = block_dequantizer(ty).expect("block() returned Some above");
+    let f = block_dequantizer(ty).ok_or(DequantError::Unsupported(ty))?;
     bytes
         .par_chunks(size * BLOCKS_PER_TASK)
         .zip(out.par_chunks_mut(block * BLOCKS_PER_TASK))
@@ -189,7 +201,8 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Deq
 pub type BlockFn = fn(&[u8], &mut [f32]);
 
 /// The function that dequantises one block of type `ty` (its `block().1` bytes into its
-/// `block().0` values), sequentially; `None` for a type this crate cannot read.
+/// `block().0` values), sequentially; `None` for a type this crate cannot dequantise (the
+/// integer types and the unknown ones).
 pub fn block_dequantizer(ty: GgmlType) -> Option<BlockFn> {
     Some(match ty {
         GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
@@ -201,7 +214,7 @@ pub fn block_dequantizer(ty: GgmlType) -> Option<BlockFn> {
         GgmlType::Q4K => q4_k,
         GgmlType::Q5K => q5_k,
         GgmlType::Q6K => q6_k,
-        GgmlType::Other(_) => return None,
+        GgmlType::I32 | GgmlType::I64 | GgmlType::Other(_) => return None,
     })
 }
 

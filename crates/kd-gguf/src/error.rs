@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong while reading a GGUF file.
+/// Everything that can go wrong while reading or writing a GGUF file.
 ///
-/// Every variant names the file, and the key or tensor concerned where there is one.
+/// Every variant names the file (when there is one yet), and the key or tensor concerned
+/// where there is one.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     /// The file could not be opened or mapped.
@@ -102,6 +103,15 @@ pub enum GgufError {
         expected: &'static str,
         /// What the file holds.
         found: String,
+    },
+
+    /// A file under construction ([`crate::GgufWriter`]) was given something GGUF cannot hold.
+    #[error("cannot write GGUF: {what}: {message}")]
+    Unwritable {
+        /// The key or tensor concerned.
+        what: String,
+        /// What is wrong.
+        message: String,
     },
 
     /// A tensor the caller needs is absent.

@@ -61,8 +61,8 @@ impl std::fmt::Debug for GgufFile {
     }
 }
 
-const MAGIC: &[u8; 4] = b"GGUF";
-const DEFAULT_ALIGNMENT: u64 = 32;
+pub(crate) const MAGIC: &[u8; 4] = b"GGUF";
+pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;
 /// Deepest array nesting accepted (GGUF writers produce 1; the bound keeps a crafted file from
 /// exhausting the stack).
 const MAX_ARRAY_DEPTH: usize = 4;

@@ -1,7 +1,8 @@
 //! GGUF, llama.cpp's model file format: a reader that checks every length and offset against
 //! the file's size before it uses it, typed metadata access with errors that name the key,
-//! dequantisation of the common tensor types to f32 ([`GgmlType`]), and quantisation of f32 to
-//! Q8_0 ([`quantize_q8_0`]).
+//! dequantisation of the common tensor types to f32 ([`GgmlType`]), quantisation of f32 to
+//! Q8_0 ([`quantize_q8_0`]), and a writer ([`GgufWriter`]) that lays a file out byte for byte
+//! as the `gguf` Python package does.
 //!
 //! ```no_run
 //! use kd_gguf::GgufFile;
@@ -27,6 +28,7 @@ mod error;
 mod file;
 mod quant;
 mod value;
+mod write;
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +37,7 @@ pub use error::{GgufError, Result};
 pub use file::{GgufFile, TensorInfo};
 pub use quant::quantize_q8_0;
 pub use value::Value;
+pub use write::GgufWriter;
 
 /// The GGUF file a model path names: the path itself when it is a file, or the only `.gguf`
 /// file of a directory that lacks `hf_file` (the Hugging Face file that would take
