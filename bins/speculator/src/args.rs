@@ -81,7 +81,8 @@ pub enum Command {
     ServeTeacher(ServeArgs),
     /// Derive a draft from a model: keep some decoder layers, share embeddings, norm and head.
     DeriveDraft(DeriveArgs),
-    /// Write an EAGLE-3 draft (a checkpoint of --draft_method eagle3) for SGLang or vLLM.
+    /// Write an EAGLE-3 draft (a checkpoint of --draft_method eagle3) for SGLang, vLLM or
+    /// llama.cpp.
     Export(ExportArgs),
 }
 
@@ -92,18 +93,23 @@ pub struct ExportArgs {
     /// The EAGLE-3 draft directory (e.g. OUTPUT_DIR/checkpoint-epoch-2).
     #[arg(long)]
     pub draft: PathBuf,
-    /// The server: `sglang` (SpecForge's layout) or `vllm` (the speculators format).
-    #[arg(long, value_parser = ["sglang", "vllm"])]
+    /// The server: `sglang` (SpecForge's layout), `vllm` (the speculators format) or `gguf`
+    /// (llama.cpp's `eagle3` GGUF file).
+    #[arg(long, value_parser = ["sglang", "vllm", "gguf"])]
     pub to: String,
-    /// Where the exported directory goes.
+    /// Where the exported directory goes (`--to gguf`: the .gguf file).
     #[arg(long)]
     pub out: PathBuf,
-    /// `--to vllm`: the target as vLLM names it [default: the run's --target_model].
+    /// `--to vllm`: the target as vLLM names it; `--to gguf`: the target's .gguf file, whose
+    /// tokenizer the draft carries [default: the run's --target_model].
     #[arg(long)]
     pub verifier: Option<String>,
     /// `--to vllm`: tokens drafted per verification written into the config.
     #[arg(long, default_value_t = 3)]
     pub speculative_tokens: usize,
+    /// `--to gguf`: the type of the draft's matrices (norms stay f32).
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16", "q8_0"])]
+    pub gguf_type: String,
 }
 
 impl ExportArgs {
@@ -112,13 +118,18 @@ impl ExportArgs {
         kd_speculator::ExportConfig {
             draft: self.draft.clone(),
             out: self.out.clone(),
-            to: if self.to == "vllm" {
-                kd_speculator::ExportTarget::Vllm
-            } else {
-                kd_speculator::ExportTarget::Sglang
+            to: match self.to.as_str() {
+                "vllm" => kd_speculator::ExportTarget::Vllm,
+                "gguf" => kd_speculator::ExportTarget::Gguf,
+                _ => kd_speculator::ExportTarget::Sglang,
             },
             verifier: self.verifier.clone(),
             speculative_tokens: self.speculative_tokens,
+            gguf_type: match self.gguf_type.as_str() {
+                "f32" => kd_speculator::GgufWeightType::F32,
+                "q8_0" => kd_speculator::GgufWeightType::Q8_0,
+                _ => kd_speculator::GgufWeightType::F16,
+            },
         }
     }
 }

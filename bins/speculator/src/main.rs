@@ -133,12 +133,16 @@ fn run() -> Result<()> {
             let config = x.config();
             let verifier = kd_speculator::export(&config)?;
             let out = config.out.display();
-            match verifier {
-                None => println!(
+            match (config.to, verifier) {
+                (kd_speculator::ExportTarget::Gguf, Some(t)) => println!(
+                    "wrote {out} for llama.cpp: llama-server -m {t} -md {out} \
+                     --spec-type draft-eagle3"
+                ),
+                (_, None) => println!(
                     "wrote {out} for SGLang: --speculative-algorithm EAGLE3 \
                      --speculative-draft-model-path {out}"
                 ),
-                Some(v) => println!(
+                (_, Some(v)) => println!(
                     "wrote {out} in the speculators format for vLLM (verifier {v}): \
                      vllm serve {out}"
                 ),

@@ -64,7 +64,8 @@ pub use device::{
 };
 pub use eagle3::{
     DraftKvCache, DraftVocab, EAGLE3_ARCHITECTURE, Eagle3Config, Eagle3Draft, Eagle3Format,
-    SpeculatorsVerifier, TttCache, export_eagle3, is_eagle3_dir,
+    GgufWeightType, SpeculatorsVerifier, TttCache, export_eagle3, export_eagle3_gguf,
+    is_eagle3_dir,
 };
 pub use error::{ModelError, Result};
 pub use family::ModelFamily;

@@ -1,8 +1,12 @@
-//! `speculator export`: an EAGLE-3 draft directory written for the server that will run it.
+//! `speculator export`: an EAGLE-3 draft written for the server that will run it (a
+//! directory for SGLang or vLLM, a GGUF file for llama.cpp).
 
 use std::path::{Path, PathBuf};
 
-use kd_model::{Eagle3Format, SpeculatorsVerifier, export_eagle3, is_eagle3_dir};
+pub use kd_model::GgufWeightType;
+use kd_model::{
+    Eagle3Format, SpeculatorsVerifier, export_eagle3, export_eagle3_gguf, is_eagle3_dir,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::config::SpeculatorConfig;
@@ -18,6 +22,9 @@ pub enum ExportTarget {
     Sglang,
     /// vLLM's `speculators` format.
     Vllm,
+    /// llama.cpp: one GGUF file of architecture `eagle3` (`llama-server -m TARGET.gguf -md
+    /// DRAFT.gguf --spec-type draft-eagle3`), which needs the target's GGUF file.
+    Gguf,
 }
 
 /// What `speculator export` writes.
@@ -25,19 +32,22 @@ pub enum ExportTarget {
 pub struct ExportConfig {
     /// The draft: a checkpoint of `--draft_method eagle3`, or any EAGLE-3 directory.
     pub draft: PathBuf,
-    /// Where the exported directory goes.
+    /// Where the exported directory goes (`--to gguf`: the file).
     pub out: PathBuf,
     /// For which server.
     pub to: ExportTarget,
-    /// The target as the server names it (`--to vllm`): default, the run's `target_model`
-    /// (read from `speculator_config.json` beside the checkpoint).
+    /// The target (verifier): as vLLM names it (`--to vllm`), or its GGUF file (`--to gguf`,
+    /// whose tokenizer the draft file carries). Default: the run's `target_model` (read from
+    /// `speculator_config.json` beside the checkpoint).
     pub verifier: Option<String>,
     /// Tokens drafted per verification written into a `speculators` config.
     pub speculative_tokens: usize,
+    /// `--to gguf`: the type of the draft's matrices.
+    pub gguf_type: GgufWeightType,
 }
 
 /// Writes `config.draft` for its server, every tensor checked (a missing, misshapen or
-/// foreign key is an error naming it). Returns the verifier named (`--to vllm`).
+/// foreign key is an error naming it). Returns the verifier named (`--to vllm`, `--to gguf`).
 pub fn export(config: &ExportConfig) -> Result<Option<String>> {
     let draft = &config.draft;
     if !is_eagle3_dir(draft) {
@@ -49,6 +59,11 @@ pub fn export(config: &ExportConfig) -> Result<Option<String>> {
         )));
     }
     let (format, verifier) = match config.to {
+        ExportTarget::Gguf => {
+            let target = target_gguf(config)?;
+            export_eagle3_gguf(draft, &target, &config.out, config.gguf_type)?;
+            return Ok(Some(target.display().to_string()));
+        }
         ExportTarget::Sglang => (Eagle3Format::SpecForge, None),
         ExportTarget::Vllm => {
             let name = match &config.verifier {
@@ -68,6 +83,25 @@ pub fn export(config: &ExportConfig) -> Result<Option<String>> {
     };
     export_eagle3(draft, &config.out, &format)?;
     Ok(verifier)
+}
+
+/// The target's GGUF file for `--to gguf`: `--verifier`, else the run's `target_model`, either
+/// a `.gguf` file or a directory holding one.
+fn target_gguf(config: &ExportConfig) -> Result<PathBuf> {
+    let (name, flag) = match &config.verifier {
+        Some(v) => (v.clone(), "--verifier"),
+        None => (run_target(&config.draft)?, "the run's target_model"),
+    };
+    let path = kd_model::resolve_model_path(Path::new(&name))
+        .map_err(|e| PipelineError::Config(format!("{flag} {name}: {e}")))?;
+    match kd_gguf::locate(&path, "config.json") {
+        Ok(Some(file)) => Ok(file),
+        Ok(None) => Err(PipelineError::Config(format!(
+            "{flag} {name} is not a GGUF file: llama.cpp serves the draft beside the target's \
+             .gguf file, whose tokenizer the draft carries; name that file with --verifier"
+        ))),
+        Err(e) => Err(PipelineError::Config(format!("{flag} {name}: {e}"))),
+    }
 }
 
 /// The `target_model` of the run a checkpoint belongs to.

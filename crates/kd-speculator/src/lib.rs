@@ -52,7 +52,7 @@ pub use data::{
     prompt_limit,
 };
 pub use error::{PipelineError, Result, error_report};
-pub use export::{ExportConfig, ExportTarget, export};
+pub use export::{ExportConfig, ExportTarget, GgufWeightType, export};
 pub use kd_pipeline::{EXIT_STOPPED, QuietRank, StopSignals, exit_status};
 pub use loss::{SpeculatorLoss, TeacherTargets};
 pub use magpie::{MagpieOptions, magpie_prefix, magpie_prompts, write_batch_input};

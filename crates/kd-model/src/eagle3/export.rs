@@ -36,7 +36,7 @@ pub struct SpeculatorsVerifier {
 
 /// The tensors of an EAGLE-3 draft under SpecForge's names (the decoder layer's under
 /// `midlayer.`), with their shapes, `d2t` and `t2d` last.
-fn expected_tensors(c: &Eagle3Config) -> Vec<(String, Vec<usize>)> {
+pub(super) fn expected_tensors(c: &Eagle3Config) -> Vec<(String, Vec<usize>)> {
     let l = &c.llama;
     let (d, inter) = (l.hidden_size, l.intermediate_size);
     let (q, kv) = (

@@ -34,11 +34,13 @@ mod config;
 mod decode;
 mod export;
 mod file;
+mod gguf;
 mod vocab;
 
 pub use cache::{DraftKvCache, TttCache};
 pub use config::Eagle3Config;
 pub use export::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+pub use gguf::{GgufWeightType, export_eagle3_gguf};
 pub use vocab::DraftVocab;
 
 use decode::Proj;

@@ -319,3 +319,218 @@ fn decoding_reads_the_q8_0_weights_and_step_0_matches_specforge() {
     // Dropping the blocks returns to the f32 weights.
     assert_eq!(decode(&q8.with_q8_0_weights(false)).1, logits);
 }
+
+/// llama.cpp's name of each SpecForge tensor (its converter's `conversion/llama.py` and
+/// `src/models/eagle3.cpp`), with the head count of the Q/K permutation.
+const LLAMA_CPP_NAMES: [(&str, &str, Option<usize>); 13] = [
+    ("fc.weight", "fc.weight", None),
+    (
+        "midlayer.input_layernorm.weight",
+        "blk.0.attn_norm.weight",
+        None,
+    ),
+    (
+        "midlayer.hidden_norm.weight",
+        "blk.0.attn_norm_2.weight",
+        None,
+    ),
+    (
+        "midlayer.self_attn.q_proj.weight",
+        "blk.0.attn_q.weight",
+        Some(4),
+    ),
+    (
+        "midlayer.self_attn.k_proj.weight",
+        "blk.0.attn_k.weight",
+        Some(2),
+    ),
+    (
+        "midlayer.self_attn.v_proj.weight",
+        "blk.0.attn_v.weight",
+        None,
+    ),
+    (
+        "midlayer.self_attn.o_proj.weight",
+        "blk.0.attn_output.weight",
+        None,
+    ),
+    (
+        "midlayer.post_attention_layernorm.weight",
+        "blk.0.ffn_norm.weight",
+        None,
+    ),
+    (
+        "midlayer.mlp.gate_proj.weight",
+        "blk.0.ffn_gate.weight",
+        None,
+    ),
+    ("midlayer.mlp.up_proj.weight", "blk.0.ffn_up.weight", None),
+    (
+        "midlayer.mlp.down_proj.weight",
+        "blk.0.ffn_down.weight",
+        None,
+    ),
+    ("norm.weight", "output_norm.weight", None),
+    ("lm_head.weight", "output.weight", None),
+];
+
+/// A fresh draft over the tiny GGUF target (96 wide, 3 layers, 1024 tokens, 4 heads, 2 KV
+/// heads), saved in SpecForge's layout.
+fn draft_over_tiny_gguf(dir: &std::path::Path, aux: [usize; 3]) -> Eagle3Draft {
+    let device = cpu();
+    let target = kd_model::Llama::load(fixtures().join("tiny-gguf/tiny.gguf"), &device).unwrap();
+    let mut config = kd_model::Eagle3Config::for_target(target.config(), 64).unwrap();
+    config.aux_layers = Some(aux);
+    let counts: Vec<u64> = (0..1024u64).map(|i| (i * 7919) % 101).collect();
+    let vocab = DraftVocab::from_counts(&counts, 64).unwrap();
+    device.seed(7);
+    let draft = Eagle3Draft::new(config, vocab, target.embed_tokens.weight.val(), &device).unwrap();
+    draft.save(dir).unwrap();
+    draft
+}
+
+#[test]
+fn a_draft_exports_as_llama_cpp_s_eagle3_gguf() {
+    use kd_gguf::{GgmlType, GgufFile, Value};
+    use kd_model::{GgufWeightType, export_eagle3_gguf, unpermute_rows};
+
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("draft");
+    let draft = draft_over_tiny_gguf(&src, [1, 2, 2]);
+    let target_path = fixtures().join("tiny-gguf/tiny.gguf");
+    let target = GgufFile::open(&target_path).unwrap();
+    let ours = draft.named_tensors();
+    for (ty, name) in [
+        (GgufWeightType::F32, "f32"),
+        (GgufWeightType::F16, "f16"),
+        (GgufWeightType::Q8_0, "q8_0"),
+    ] {
+        let path = dir.path().join(format!("draft-{name}.gguf"));
+        export_eagle3_gguf(&src, &target_path, &path, ty).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!(f.str("general.architecture").unwrap(), "eagle3");
+        for (key, want) in [
+            ("eagle3.block_count", 1),
+            ("eagle3.embedding_length", 96),
+            ("eagle3.feed_forward_length", 256),
+            ("eagle3.attention.head_count", 4),
+            ("eagle3.attention.head_count_kv", 2),
+            ("eagle3.attention.key_length", 24),
+            ("eagle3.target_hidden_size", 96),
+            ("eagle3.context_length", 512),
+            ("eagle3.vocab_size", 1024),
+        ] {
+            assert_eq!(f.uint(key).unwrap(), want, "{key}");
+        }
+        assert_eq!(
+            f.opt_ints("eagle3.target_layers").unwrap(),
+            Some(vec![1, 2, 2])
+        );
+        assert_eq!(
+            f.opt_bool("eagle3.norm_before_residual").unwrap(),
+            Some(false)
+        );
+        assert_eq!(f.opt_float("eagle3.rope.freq_base").unwrap(), Some(10000.0));
+        // The target's tokenizer, every key of it.
+        let tokenizer = |g: &GgufFile| -> Vec<(String, Value)> {
+            g.metadata()
+                .iter()
+                .filter(|(k, _)| k.starts_with("tokenizer."))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        assert_eq!(tokenizer(&f), tokenizer(&target));
+        assert!(tokenizer(&f).len() >= 8);
+
+        let mut names: Vec<&str> = f.tensors().iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        let mut want: Vec<&str> = LLAMA_CPP_NAMES.iter().map(|(_, g, _)| *g).collect();
+        want.push("d2t");
+        want.sort_unstable();
+        assert_eq!(names, want, "{name}");
+        for (specforge, gguf, heads) in LLAMA_CPP_NAMES {
+            let data = &ours[specforge];
+            let shape = data.shape().to_vec();
+            let t = f.tensor(gguf).unwrap();
+            assert_eq!(t.shape(), shape, "{gguf}");
+            let expected_ty = match (shape.len(), ty) {
+                (1, _) | (_, GgufWeightType::F32) => GgmlType::F32,
+                (_, GgufWeightType::F16) => GgmlType::F16,
+                (_, GgufWeightType::Q8_0) => GgmlType::Q8_0,
+            };
+            assert_eq!(t.ty, expected_ty, "{gguf}");
+            let mut values = f.dequantize(gguf).unwrap();
+            if let Some(h) = heads {
+                values = unpermute_rows(&values, &shape, h).unwrap();
+            }
+            let want: Vec<f32> = data.try_to_vec::<f32>().unwrap();
+            // f32 exactly; f16 to its rounding (half an ulp: 2⁻¹¹ relative, 2⁻²⁵ near zero);
+            // Q8_0 to half a step of the block (weights are N(0, 0.02²), so |w| < 0.12 and a
+            // step < 0.001).
+            for (i, (a, b)) in values.iter().zip(&want).enumerate() {
+                let tol = match expected_ty {
+                    GgmlType::F32 => 0.0,
+                    GgmlType::F16 => b.abs() / 2048.0 + 3e-8,
+                    _ => 1e-3,
+                };
+                assert!((a - b).abs() <= tol, "{name} {gguf}[{i}]: {a} vs {b}");
+            }
+            if heads.is_some() && ty == GgufWeightType::F32 {
+                // The rows really are permuted (the un-permuted file differs from the raw one).
+                assert_ne!(f.dequantize(gguf).unwrap(), want, "{gguf}");
+            }
+        }
+        // d2t as absolute target ids.
+        let d2t: Vec<i64> = f
+            .tensor_bytes("d2t")
+            .unwrap()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let ids: Vec<i64> = draft
+            .vocab()
+            .target_ids()
+            .iter()
+            .map(|&t| t as i64)
+            .collect();
+        assert_eq!(d2t, ids);
+    }
+}
+
+#[test]
+fn a_gguf_export_names_what_does_not_fit_the_target() {
+    use kd_model::{GgufWeightType, export_eagle3_gguf};
+
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("draft");
+    draft_over_tiny_gguf(&src, [1, 2, 2]);
+    let out = dir.path().join("out/draft.gguf");
+    // A target of another width (48).
+    let other = fixtures().join("tiny-gguf/tiny-llama3.gguf");
+    let e = export_eagle3_gguf(&src, &other, &out, GgufWeightType::F16)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("target_hidden_size") && e.contains("96") && e.contains("embedding_length 48"),
+        "{e}"
+    );
+    // Feature layers outside the target's 3 layers.
+    let src3 = dir.path().join("draft3");
+    draft_over_tiny_gguf(&src3, [1, 2, 3]);
+    let tiny = fixtures().join("tiny-gguf/tiny.gguf");
+    let e = export_eagle3_gguf(&src3, &tiny, &out, GgufWeightType::F16)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("eagle_aux_hidden_state_layer_ids")
+            && e.contains("layer 3")
+            && e.contains("block_count"),
+        "{e}"
+    );
+    // Not a GGUF target.
+    let e = export_eagle3_gguf(&src, &src.join("config.json"), &out, GgufWeightType::F16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("config.json"), "{e}");
+    assert!(!out.exists(), "nothing written on an error");
+}

@@ -154,6 +154,7 @@ fn exports_for_sglang_and_vllm(out: &Path, checkpoint: &Path) {
         to,
         verifier: None,
         speculative_tokens: 3,
+        gguf_type: Default::default(),
     };
     assert_eq!(
         export(&config(ExportTarget::Sglang, "sglang")).unwrap(),
@@ -180,6 +181,14 @@ fn exports_for_sglang_and_vllm(out: &Path, checkpoint: &Path) {
         serde_json::json!(["LlamaForCausalLM"])
     );
     assert_eq!(json["transformer_layer_config"]["num_hidden_layers"], 1);
+    // llama.cpp needs the target's GGUF file; this run's target is a Hugging Face directory.
+    let e = export(&config(ExportTarget::Gguf, "draft.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("is not a GGUF file") && e.contains("--verifier"),
+        "{e}"
+    );
     for dir in ["sglang", "vllm"] {
         let loaded = kd_model::Eagle3Draft::load(out.join(dir), embedding(), &device).unwrap();
         assert_eq!(loaded.config().aux_layers, Some([1, 2, 2]), "{dir}");
