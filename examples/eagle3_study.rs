@@ -83,6 +83,11 @@ struct Args {
     /// Decode the draft from Q8_0 blocks of its weights (`Eagle3Draft::with_q8_0_weights`).
     #[arg(long)]
     draft_q8_0: bool,
+    /// Write the held-out prompts (chat-templated token ids), the tokens to generate and the
+    /// stop ids to this JSON file and stop: the input of fixtures/check_llamacpp_eagle3.py,
+    /// which measures the same prompts with llama.cpp.
+    #[arg(long)]
+    write_held_out: Option<PathBuf>,
 }
 
 struct Print;
@@ -135,6 +140,22 @@ fn main() -> Result<()> {
         held_out.len()
     );
 
+    if let Some(path) = &args.write_held_out {
+        let json = serde_json::json!({
+            "target": args.target,
+            "max_new_tokens": args.max_new_tokens,
+            "stop_token_ids": tc.eos_token_ids,
+            "prompts": held_out,
+        });
+        std::fs::write(path, serde_json::to_string(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!(
+            "wrote {} held-out prompts to {}",
+            held_out.len(),
+            path.display()
+        );
+        return Ok(());
+    }
     let layers = default_feature_layers(tc.num_hidden_layers);
     let draft = match &args.draft {
         Some(dir) => Eagle3Draft::load(dir, Some(target.embed_tokens.weight.val()), &device)?,
