@@ -1,10 +1,10 @@
 //! An EAGLE-3 draft for a real target, end to end, measured by wall clock: the target writes
 //! completions of the training prompts, a fresh one-layer EAGLE-3 draft learns them with TTT,
 //! and greedy decoding of the held-out prompts runs with the target alone and with the draft,
-//! one prompt at a time, in the same process; outputs are checked equal. `--draft DIR`
-//! measures a trained draft instead (a pipeline checkpoint); `--k 1,2,4 --draft-p-min 0,0.5`
-//! measures every combination, each prompt decoded by the target alone and by every
-//! combination in turn (so that the machine's drift falls on all of them alike).
+//! one prompt at a time (`--batch N`: N at a time), in the same process; outputs are checked
+//! equal. `--draft DIR` measures a trained draft instead (a pipeline checkpoint); `--k 1,2,4
+//! --draft-p-min 0,0.5` measures every combination, each prompt decoded by the target alone and
+//! by every combination in turn (so that the machine's drift falls on all of them alike).
 //!
 //! ```text
 //! fixtures/fetch-smollm2.sh
@@ -83,6 +83,10 @@ struct Args {
     /// Decode the draft from Q8_0 blocks of its weights (`Eagle3Draft::with_q8_0_weights`).
     #[arg(long)]
     draft_q8_0: bool,
+    /// Held-out prompts decoded together (the target alone and every arm alike); tokens/s is
+    /// over all rows of a batch.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Write the held-out prompts (chat-templated token ids), the tokens to generate and the
     /// stop ids to this JSON file and stop: the input of fixtures/check_llamacpp_eagle3.py,
     /// which measures the same prompts with llama.cpp.
@@ -181,43 +185,63 @@ fn main() -> Result<()> {
     }
     let mut options = GenerateOptions::greedy(args.max_new_tokens);
     options.stop_token_ids = stop.clone();
-    let (mut plain_seconds, mut plain_tokens) = (0f64, 0usize);
+    let (mut plain_seconds, mut plain_tokens, mut plain_steps) = (0f64, 0usize, 0usize);
     // Per arm: seconds, tokens, counts, rows equal to the target alone.
     let mut arms: Vec<(f64, usize, kd_eval::SpecStats, usize)> =
         vec![(0.0, 0, kd_eval::SpecStats::default(), 0); specs.len()];
-    for (i, p) in held_out.iter().enumerate() {
-        let prompt = [SeededPrompt {
-            ids: p,
-            seed: i as u64,
-        }];
+    anyhow::ensure!(
+        args.batch > 0,
+        "--batch 0: decode at least one prompt at a time"
+    );
+    for (b, chunk) in held_out.chunks(args.batch).enumerate() {
+        let prompts: Vec<SeededPrompt<'_>> = chunk
+            .iter()
+            .enumerate()
+            .map(|(j, p)| SeededPrompt {
+                ids: p,
+                seed: (b * args.batch + j) as u64,
+            })
+            .collect();
         let started = Instant::now();
-        let plain = target.generate(&prompt, &options)?.remove(0).ids;
+        let plain: Vec<Vec<u32>> = target
+            .generate(&prompts, &options)?
+            .into_iter()
+            .map(|c| c.ids)
+            .collect();
         plain_seconds += started.elapsed().as_secs_f64();
-        plain_tokens += plain.len();
+        plain_tokens += plain.iter().map(Vec::len).sum::<usize>();
+        // A batch decodes until its longest row ends.
+        plain_steps += plain.iter().map(Vec::len).max().unwrap_or(0);
         for (spec, arm) in specs.iter().zip(arms.iter_mut()) {
             let started = Instant::now();
-            let out = kd_eval::speculative_generate(&target, &drafter, &prompt, spec)?;
+            let out = kd_eval::speculative_generate(&target, &drafter, &prompts, spec)?;
             arm.0 += started.elapsed().as_secs_f64();
-            let ids = &out.completions[0].ids;
-            arm.1 += ids.len();
             arm.2.merge(&out.stats);
-            // With f32 activations every row must equal the target alone's; with 8-bit ones a
-            // multi-token pass may round differently from one-token passes (counted).
-            anyhow::ensure!(
-                args.int8 || *ids == plain,
-                "k {}, draft_p_min {}: prompt {i} differs from the target alone",
-                spec.k,
-                spec.draft_p_min
-            );
-            arm.3 += usize::from(*ids == plain);
+            for (j, (c, plain)) in out.completions.iter().zip(&plain).enumerate() {
+                arm.1 += c.ids.len();
+                // With f32 activations every row must equal the target alone's; with 8-bit
+                // ones a multi-token pass may round differently from one-token passes
+                // (counted).
+                anyhow::ensure!(
+                    args.int8 || c.ids == *plain,
+                    "k {}, draft_p_min {}: prompt {} differs from the target alone",
+                    spec.k,
+                    spec.draft_p_min,
+                    b * args.batch + j
+                );
+                arm.3 += usize::from(c.ids == *plain);
+            }
         }
     }
     let plain_rate = plain_tokens as f64 / plain_seconds;
-    let per_token = 1.0 / plain_rate;
+    // A decode step of the target alone (over a batch, its rows that have not ended yet).
+    let per_token = plain_seconds / plain_steps.max(1) as f64;
     println!(
-        "held-out prompts: {}, batch 1, greedy, each prompt decoded by every arm in turn; target \
-         alone {plain_rate:.1} tokens/s ({plain_tokens} tokens in {plain_seconds:.1} s)",
-        held_out.len()
+        "held-out prompts: {}, batch {}, greedy, each batch decoded by every arm in turn; target \
+         alone {plain_rate:.1} tokens/s ({plain_tokens} tokens in {plain_seconds:.1} s, \
+         {plain_steps} steps: a batch's longest row)",
+        held_out.len(),
+        args.batch
     );
     let rows: Vec<_> = specs
         .iter()
@@ -229,15 +253,21 @@ fn main() -> Result<()> {
                 tokens as f64 / seconds,
                 stats,
                 equal,
+                seconds,
             )
         })
         .collect();
     println!(
         "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | target \
-         pass | draft per round | rows equal to the target alone |"
+         pass | draft per round | passes | time in passes, draft | rows equal to the target \
+         alone |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (k, p_min, rate, s, equal) in rows {
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // Verification passes over a batch (a row's round is `verify_steps`).
+    let batches = held_out.len().div_ceil(args.batch);
+    let batch_rounds =
+        |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(batches).max(1) as f64;
+    for (k, p_min, rate, s, equal, seconds) in rows {
         let rounds = s.verify_steps.max(1) as f64;
         let pass = s.target_seconds / s.target_forwards.max(1) as f64;
         let positions: Vec<String> = s
@@ -246,14 +276,17 @@ fn main() -> Result<()> {
             .map(|a| format!("{:.0}%", 100.0 * a))
             .collect();
         println!(
-            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {equal}/{} |",
+            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {} | {:.0}%, {:.0}% | {equal}/{} |",
             rate / plain_rate,
             s.mean_accepted_length_with_bonus(),
             s.drafted as f64 / rounds,
             positions.join(" "),
             1e3 * pass,
             pass / per_token,
-            1e3 * s.draft_seconds / rounds,
+            1e3 * s.draft_seconds / batch_rounds(&s),
+            s.target_forwards,
+            100.0 * s.target_seconds / seconds,
+            100.0 * s.draft_seconds / seconds,
             held_out.len(),
         );
     }
