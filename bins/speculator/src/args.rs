@@ -457,7 +457,8 @@ pub struct EvalArgs {
     /// Device of both models.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Also write the report as JSON here.
+    /// Also write the report as JSON here, and its per-position acceptance as an SVG chart
+    /// beside it (the same name, extension `svg`).
     #[arg(long)]
     pub output: Option<PathBuf>,
 }

@@ -308,6 +308,10 @@ pub fn print_summary(s: &SpeculatorSummary) {
     println!("  {} (TensorBoard)", s.output_dir.join("runs").display());
     if let Some(p) = &s.acceptance_path {
         println!("  {}", p.display());
+        let chart = p.with_extension("svg");
+        if chart.is_file() {
+            println!("  {} (acceptance per drafted position)", chart.display());
+        }
     }
     for w in &s.warnings {
         println!("warning: {w}");

@@ -22,7 +22,7 @@ mod download_bar;
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::FromArgMatches;
 
 use crate::args::{Cli, Command, command};
@@ -101,10 +101,12 @@ fn run() -> Result<()> {
             let report = outcome.report;
             print_report("acceptance", &report);
             if let Some(path) = &e.output {
-                let text = serde_json::to_string_pretty(&report)?;
-                std::fs::write(path, text)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                println!("report written to {}", path.display());
+                let chart = kd_speculator::write_eval_report(path, &report)?;
+                println!(
+                    "report written to {} (per-position acceptance: {})",
+                    path.display(),
+                    chart.display()
+                );
             }
             Ok(())
         }

@@ -17,6 +17,9 @@ pub enum EvalError {
         /// Draft vocabulary size.
         draft: usize,
     },
+    /// The acceptance chart could not be drawn.
+    #[error("drawing the acceptance chart: {0}")]
+    Plot(String),
     /// A model failed.
     #[error(transparent)]
     Model(#[from] kd_model::ModelError),

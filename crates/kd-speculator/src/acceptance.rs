@@ -357,9 +357,36 @@ pub fn read_acceptance(path: &Path) -> Option<AcceptanceFile> {
     serde_json::from_str(&text).ok()
 }
 
+/// Writes `acceptance.json` and, beside it, `acceptance.svg`: acceptance per drafted position
+/// before → after training (whichever is measured yet), both atomically.
 pub(crate) fn write_acceptance(path: &Path, file: &AcceptanceFile) -> Result<()> {
     let text = serde_json::to_string_pretty(file).expect("the report serialises");
-    Ok(kd_model::write_atomic(path, text.as_bytes())?)
+    kd_model::write_atomic(path, text.as_bytes())?;
+    let reports: Vec<(&str, &AcceptanceReport)> =
+        [("before", &file.before), ("after", &file.after)]
+            .into_iter()
+            .filter_map(|(label, r)| r.as_ref().map(|r| (label, r)))
+            .collect();
+    if reports.is_empty() {
+        return Ok(());
+    }
+    let svg = kd_eval::acceptance_svg(&reports)?;
+    Ok(kd_model::write_atomic(
+        &path.with_extension("svg"),
+        svg.as_bytes(),
+    )?)
+}
+
+/// Writes one acceptance report (`speculator eval --output`) as JSON at `path` and as a chart
+/// of its per-position acceptance beside it (`path` with the extension `svg`), both
+/// atomically. Returns the chart's path.
+pub fn write_eval_report(path: &Path, report: &AcceptanceReport) -> Result<PathBuf> {
+    let text = serde_json::to_string_pretty(report).expect("the report serialises");
+    kd_model::write_atomic(path, text.as_bytes())?;
+    let chart = path.with_extension("svg");
+    let svg = kd_eval::acceptance_svg(&[("draft", report)])?;
+    kd_model::write_atomic(&chart, svg.as_bytes())?;
+    Ok(chart)
 }
 
 /// `output_dir/trainer_state.json`: the trainer's history at the last checkpoint plus the

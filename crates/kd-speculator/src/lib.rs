@@ -42,7 +42,7 @@ mod setup;
 mod teacher;
 mod tools;
 
-pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance};
+pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance, write_eval_report};
 pub use config::{
     DEFAULT_DRAFT_VOCAB_SIZE, DraftMethod, SpeculatorConfig, default_draft_devices,
     default_target_devices,

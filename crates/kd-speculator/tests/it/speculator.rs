@@ -119,6 +119,15 @@ fn acceptance_rises_and_the_outputs_follow_the_seed_layout() {
         after.mean_accepted_length
     );
     assert!(out.join("speculator_config.json").is_file());
+    // The chart beside it draws both reports, each τ in the legend.
+    let svg = std::fs::read_to_string(out.join("acceptance.svg")).unwrap();
+    for report in ["before", "after"] {
+        let tau = file[report]["mean_accepted_length_with_bonus"]
+            .as_f64()
+            .unwrap();
+        let entry = format!("{report}: τ {tau:.2}");
+        assert!(svg.contains(&entry), "no `{entry}` in acceptance.svg");
+    }
     // TensorBoard got the acceptance tags.
     let events: Vec<u8> = std::fs::read_dir(out.join("runs"))
         .unwrap()
