@@ -166,21 +166,39 @@ fn hf_name(gguf: &str, c: &LlamaConfig) -> Option<(String, Option<usize>)> {
         return None;
     }
     let (hf, heads) = match module {
-        "attn_norm" => ("input_layernorm", None),
-        "ffn_norm" => ("post_attention_layernorm", None),
-        "attn_q" => ("self_attn.q_proj", Some(c.num_attention_heads)),
-        "attn_k" => ("self_attn.k_proj", Some(c.num_key_value_heads)),
         "attn_q_norm" if c.qk_norm() => ("self_attn.q_norm", None),
         "attn_k_norm" if c.qk_norm() => ("self_attn.k_norm", None),
-        "attn_v" => ("self_attn.v_proj", None),
-        "attn_output" => ("self_attn.o_proj", None),
-        "ffn_gate" => ("mlp.gate_proj", None),
-        "ffn_up" => ("mlp.up_proj", None),
-        "ffn_down" => ("mlp.down_proj", None),
-        _ => return None,
+        _ => {
+            let &(_, hf) = LAYER_MODULES.iter().find(|(g, _)| *g == module)?;
+            (hf, permuted_heads(hf, c))
+        }
     };
     let heads = heads.filter(|_| c.family.gguf_permutes_qk() && suffix == "weight");
     Some((format!("model.layers.{layer}.{hf}.{suffix}"), heads))
+}
+
+/// A decoder layer's modules: llama.cpp's name (`blk.N.<name>`) and Hugging Face's
+/// (`model.layers.N.<name>`).
+pub(crate) const LAYER_MODULES: [(&str, &str); 9] = [
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// The heads by which llama.cpp's converter permutes a Llama module's rows (queries and
+/// keys), given its Hugging Face name.
+pub(crate) fn permuted_heads(hf_module: &str, c: &LlamaConfig) -> Option<usize> {
+    match hf_module {
+        "self_attn.q_proj" => Some(c.num_attention_heads),
+        "self_attn.k_proj" => Some(c.num_key_value_heads),
+        _ => None,
+    }
 }
 
 /// The configuration a `llama`, `qwen2` or `qwen3` GGUF file describes, as the

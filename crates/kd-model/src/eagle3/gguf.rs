@@ -27,6 +27,7 @@ use super::file::WeightsFile;
 use super::{DraftVocab, Eagle3Config, WEIGHTS_FILE};
 use crate::config::RopeScaling;
 use crate::error::{ModelError, Result};
+use crate::gguf::{LAYER_MODULES, permuted_heads};
 use crate::rope::Rope;
 
 /// The type of the draft's matrices in the GGUF file (norms stay F32, `d2t` I64).
@@ -44,24 +45,25 @@ pub enum GgufWeightType {
 
 /// llama.cpp's name of each SpecForge tensor (the decoder layer's under `midlayer.`), and the
 /// head count whose Q/K permutation it takes.
-fn gguf_name(specforge: &str, c: &Eagle3Config) -> Option<(&'static str, Option<usize>)> {
-    let l = &c.llama;
-    Some(match specforge {
-        "fc.weight" => ("fc.weight", None),
-        "midlayer.input_layernorm.weight" => ("blk.0.attn_norm.weight", None),
-        "midlayer.hidden_norm.weight" => ("blk.0.attn_norm_2.weight", None),
-        "midlayer.self_attn.q_proj.weight" => ("blk.0.attn_q.weight", Some(l.num_attention_heads)),
-        "midlayer.self_attn.k_proj.weight" => ("blk.0.attn_k.weight", Some(l.num_key_value_heads)),
-        "midlayer.self_attn.v_proj.weight" => ("blk.0.attn_v.weight", None),
-        "midlayer.self_attn.o_proj.weight" => ("blk.0.attn_output.weight", None),
-        "midlayer.post_attention_layernorm.weight" => ("blk.0.ffn_norm.weight", None),
-        "midlayer.mlp.gate_proj.weight" => ("blk.0.ffn_gate.weight", None),
-        "midlayer.mlp.up_proj.weight" => ("blk.0.ffn_up.weight", None),
-        "midlayer.mlp.down_proj.weight" => ("blk.0.ffn_down.weight", None),
-        "norm.weight" => ("output_norm.weight", None),
-        "lm_head.weight" => ("output.weight", None),
-        _ => return None,
-    })
+fn gguf_name(specforge: &str, c: &Eagle3Config) -> Option<(String, Option<usize>)> {
+    let top = match specforge {
+        "fc.weight" => Some("fc.weight"),
+        "midlayer.hidden_norm.weight" => Some("blk.0.attn_norm_2.weight"),
+        "norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(name) = top {
+        return Some((name.to_string(), None));
+    }
+    let module = specforge
+        .strip_prefix("midlayer.")?
+        .strip_suffix(".weight")?;
+    let &(gguf, _) = LAYER_MODULES.iter().find(|(_, hf)| *hf == module)?;
+    Some((
+        format!("blk.0.{gguf}.weight"),
+        permuted_heads(module, &c.llama),
+    ))
 }
 
 /// Permutes the rows of a `[rows, cols]` Q/K projection of `heads` heads as llama.cpp's
@@ -199,7 +201,7 @@ pub fn export_eagle3_gguf(src: &Path, target: &Path, dst: &Path, ty: GgufWeightT
             })?;
         }
         let (gty, bytes) = encode(&values, &shape, ty);
-        w.add_tensor(gguf, gty, &shape, bytes)?;
+        w.add_tensor(&gguf, gty, &shape, bytes)?;
     }
     if matches!(l.rope_scaling, RopeScaling::Llama3 { .. }) {
         // llama.cpp divides each frequency by its factor: default / scaled.
