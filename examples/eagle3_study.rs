@@ -186,6 +186,11 @@ fn main() -> Result<()> {
     let mut options = GenerateOptions::greedy(args.max_new_tokens);
     options.stop_token_ids = stop.clone();
     let (mut plain_seconds, mut plain_tokens, mut plain_steps) = (0f64, 0usize, 0usize);
+    // The prompts' prefill (and first token) alone, timed apart: every arm pays it once per
+    // batch, and llama.cpp's tokens/s leaves it out.
+    let mut prefill_seconds = 0f64;
+    let mut first_token = options.clone();
+    first_token.max_new_tokens = 1;
     // Per arm: seconds, tokens, counts, rows equal to the target alone.
     let mut arms: Vec<(f64, usize, kd_eval::SpecStats, usize)> =
         vec![(0.0, 0, kd_eval::SpecStats::default(), 0); specs.len()];
@@ -202,6 +207,9 @@ fn main() -> Result<()> {
                 seed: (b * args.batch + j) as u64,
             })
             .collect();
+        let started = Instant::now();
+        target.generate(&prompts, &first_token)?;
+        prefill_seconds += started.elapsed().as_secs_f64();
         let started = Instant::now();
         let plain: Vec<Vec<u32>> = target
             .generate(&prompts, &options)?
@@ -243,6 +251,18 @@ fn main() -> Result<()> {
         held_out.len(),
         args.batch
     );
+    // Decoding after the prefill and the first token, which every arm shares.
+    let rows_total = held_out.len();
+    let decode_rate = |tokens: usize, seconds: f64| {
+        tokens.saturating_sub(rows_total) as f64 / (seconds - prefill_seconds).max(1e-9)
+    };
+    println!(
+        "prefill and first token alone: {prefill_seconds:.1} s ({:.0}% of the target alone's \
+         time); after them the target alone decodes {:.1} tokens/s",
+        100.0 * prefill_seconds / plain_seconds,
+        decode_rate(plain_tokens, plain_seconds)
+    );
+    let plain_decode_rate = decode_rate(plain_tokens, plain_seconds);
     let rows: Vec<_> = specs
         .iter()
         .zip(arms)
@@ -254,20 +274,21 @@ fn main() -> Result<()> {
                 stats,
                 equal,
                 seconds,
+                decode_rate(tokens, seconds) / plain_decode_rate,
             )
         })
         .collect();
     println!(
         "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | target \
-         pass | draft per round | passes | time in passes, draft | rows equal to the target \
-         alone |"
+         pass | draft per round | passes | time in passes, draft | speedup after the prefill | \
+         rows equal to the target alone |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Verification passes over a batch (a row's round is `verify_steps`).
     let batches = held_out.len().div_ceil(args.batch);
     let batch_rounds =
         |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(batches).max(1) as f64;
-    for (k, p_min, rate, s, equal, seconds) in rows {
+    for (k, p_min, rate, s, equal, seconds, decode_speedup) in rows {
         let rounds = s.verify_steps.max(1) as f64;
         let pass = s.target_seconds / s.target_forwards.max(1) as f64;
         let positions: Vec<String> = s
@@ -276,7 +297,7 @@ fn main() -> Result<()> {
             .map(|a| format!("{:.0}%", 100.0 * a))
             .collect();
         println!(
-            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {} | {:.0}%, {:.0}% | {equal}/{} |",
+            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {} | {:.0}%, {:.0}% | {decode_speedup:.2}× | {equal}/{} |",
             rate / plain_rate,
             s.mean_accepted_length_with_bonus(),
             s.drafted as f64 / rounds,
