@@ -17,7 +17,7 @@ use kd_model::{
 use crate::error::{EvalError, Result};
 
 /// A draft model speculative decoding can use.
-pub trait Drafter {
+pub trait Drafter: Sync {
     /// Checks that this draft can serve `target` (same vocabulary; an EAGLE-3 draft also needs
     /// the target's width and layers).
     fn check_target(&self, target: &Llama) -> Result<()>;

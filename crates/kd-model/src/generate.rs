@@ -115,6 +115,15 @@ impl Llama {
         prompts: &[SeededPrompt<'_>],
         options: &GenerateOptions,
     ) -> Result<Vec<Completion>> {
+        // The whole loop on a worker of the pool: no hand-off per step.
+        crate::model::on_pool(|| self.generate_here(prompts, options))
+    }
+
+    fn generate_here(
+        &self,
+        prompts: &[SeededPrompt<'_>],
+        options: &GenerateOptions,
+    ) -> Result<Vec<Completion>> {
         options.sampling.validate()?;
         self.check_prompts(prompts)?;
         let mut out: Vec<Completion> = prompts
