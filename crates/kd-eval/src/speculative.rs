@@ -241,12 +241,17 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
     prompts: &[SeededPrompt<'_>],
     config: &SpecConfig,
 ) -> Result<SpecOutput> {
-    // The whole loop on a worker of rayon's pool, so that the draft's and the target's many
-    // parallel operations fork and join inside it rather than each handing its work over from
-    // this thread.
-    if rayon::current_thread_index().is_none() {
-        return rayon::scope(|_| speculative_generate(target, draft, prompts, config));
-    }
+    // The whole loop on a worker of rayon's pool: the draft's and the target's operations
+    // then need no hand-off each.
+    kd_kernels::on_pool(|| speculative_loop(target, draft, prompts, config))
+}
+
+fn speculative_loop<D: Drafter + ?Sized>(
+    target: &Llama,
+    draft: &D,
+    prompts: &[SeededPrompt<'_>],
+    config: &SpecConfig,
+) -> Result<SpecOutput> {
     draft.check_target(target)?;
     config.sampling.validate()?;
     target.check_prompts(prompts)?;

@@ -9,6 +9,7 @@
 //!   kernel body for AVX-512, AVX2/FMA and the baseline target;
 //! - [`testing`]: re-runs a test binary's kernel cases at every lower level;
 //! - [`f32_view`]: the f32 values of a CPU (`flex`) tensor, borrowed when contiguous;
+//! - [`on_pool`]: runs work with many small parallel operations on a worker of rayon's pool;
 //! - [`write_atomic`]: the workspace's one atomic file write (temporary file, fsync, rename,
 //!   fsync of the directory);
 //! - [`IGNORE_INDEX`]: the label of positions that do not count.
@@ -39,12 +40,14 @@ mod fs;
 #[cfg(feature = "gemm")]
 pub mod gemm;
 pub mod math;
+mod pool;
 pub mod testing;
 #[cfg(feature = "flex")]
 mod view;
 
 pub use error::KernelError;
 pub use fs::write_atomic;
+pub use pool::on_pool;
 #[cfg(feature = "flex")]
 pub use view::f32_view;
 

@@ -308,7 +308,8 @@ impl Llama {
                 "packed batches (segment ids) are for full forward passes, not the KV cache".into(),
             ));
         }
-        on_pool(|| self.run(batch, Some(cache), options))
+        // On a worker of the pool: no hand-off per operation of the pass.
+        kd_kernels::on_pool(|| self.run(batch, Some(cache), options))
     }
 
     fn run(
@@ -470,16 +471,4 @@ fn attention_mask(batch: &TokenBatch, past_valid: &[Vec<bool>], past: usize) -> 
         }
     }
     data
-}
-
-/// Runs `f` on a thread of rayon's global pool (here, when this is one already). A pass makes
-/// hundreds of parallel operations; from a thread outside the pool each would hand its work
-/// to the pool and sleep until it is done (two context switches per operation), while from a
-/// worker they fork and join inside the pool, the calling worker taking part.
-pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        f()
-    } else {
-        rayon::scope(|_| f())
-    }
 }

@@ -95,10 +95,11 @@ fn encode(values: &[f32], shape: &[usize], ty: GgufWeightType) -> (GgmlType, Vec
     match (shape.len(), ty) {
         (1, _) | (_, GgufWeightType::F32) => (GgmlType::F32, f32_bytes()),
         (_, GgufWeightType::F16) => (GgmlType::F16, f16_bytes()),
-        (_, GgufWeightType::Q8_0) => match quantize_q8_0(values) {
-            Ok(q) if shape[shape.len() - 1].is_multiple_of(32) => (GgmlType::Q8_0, q),
-            _ => (GgmlType::F16, f16_bytes()),
-        },
+        (_, GgufWeightType::Q8_0) if shape[shape.len() - 1].is_multiple_of(32) => {
+            let q = quantize_q8_0(values).expect("rows of whole blocks");
+            (GgmlType::Q8_0, q)
+        }
+        (_, GgufWeightType::Q8_0) => (GgmlType::F16, f16_bytes()),
     }
 }
 
