@@ -120,7 +120,7 @@ impl Llama {
         let (source, config) = gguf::GgufSource::open(&file)?;
         let mut model = weights::load(&source, config, ComputeDType::F32, device)?;
         if *device == Device::flex() {
-            let packed = packed::Packed::from_gguf(source.file(), model.config());
+            let packed = packed::Packed::from_gguf(source.file(), &model);
             tracing::debug!(matrices = packed.count(), "kept GGUF blocks for decoding");
             model.packed = Some(std::sync::Arc::new(packed));
         }

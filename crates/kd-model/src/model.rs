@@ -19,8 +19,10 @@ use crate::ops;
 use crate::rope::Rope;
 use crate::skinny;
 
+mod host;
 mod layer;
 
+pub(crate) use host::HostLayer;
 use layer::rms_norm;
 pub use layer::{Attention, DecoderLayer, Mlp};
 pub(crate) use layer::{LayerMask, LayerPacks, repeat_kv};
@@ -355,7 +357,6 @@ impl Llama {
             ops::applies(&device, dtype),
             &device,
         )?;
-        let (cos, sin) = self.rope.tables(&positions, b, s, dtype, &device);
 
         let ids = Tensor::<2, Int>::from_data(
             TensorData::new(batch.ids().iter().map(|i| *i as i64).collect(), [b, s]),
@@ -371,14 +372,50 @@ impl Llama {
             }
         };
         record(0, &x);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let layer_cache = cache.as_deref_mut().map(|c| (c, i));
-            let seed = options.dropout_seed.map(|s| derive_seed(s, &[i as u64]));
-            let packs = self.packed.as_ref().map(|p| &p.layers[i]);
-            x = layer.forward(x, &cos, &sin, &mask, layer_cache, seed, packs);
-            // HF's entry for the last layer is the normed output, recorded below.
-            if i + 1 < n_layers {
-                record(i + 1, &x);
+        let host = match (
+            self.host_layers(b * s, options),
+            cache.as_deref_mut(),
+            mask.job(),
+        ) {
+            (Some(host), Some(cache), Some(job)) => Some((host, cache, job)),
+            _ => None,
+        };
+        if let Some((host, cache, job)) = host {
+            // A few rows of a model that decodes from packed blocks: each layer on the host.
+            let hidden = self.config.hidden_size;
+            let (cos, sin) = self.rope.host_tables(&positions);
+            let pass = host::HostPass {
+                batch: b,
+                seq: s,
+                cos: &cos,
+                sin: &sin,
+                job,
+                device: &device,
+            };
+            let mut xs: Vec<f32> = x.into_data().try_into_vec().expect("f32 embeddings");
+            let packs = &self
+                .packed
+                .as_ref()
+                .expect("host layers come with packs")
+                .layers;
+            for (i, layer) in self.layers.iter().enumerate() {
+                host::decode_layer(layer, &packs[i], &host[i], &mut xs, &pass, (cache, i));
+                if i + 1 < n_layers && wanted.contains(&(i + 1)) {
+                    record(i + 1, &host_tensor(&xs, [b, s, hidden], &device));
+                }
+            }
+            x = host_tensor(&xs, [b, s, hidden], &device);
+        } else {
+            let (cos, sin) = self.rope.tables(&positions, b, s, dtype, &device);
+            for (i, layer) in self.layers.iter().enumerate() {
+                let layer_cache = cache.as_deref_mut().map(|c| (c, i));
+                let seed = options.dropout_seed.map(|s| derive_seed(s, &[i as u64]));
+                let packs = self.packed.as_ref().map(|p| &p.layers[i]);
+                x = layer.forward(x, &cos, &sin, &mask, layer_cache, seed, packs);
+                // HF's entry for the last layer is the normed output, recorded below.
+                if i + 1 < n_layers {
+                    record(i + 1, &x);
+                }
             }
         }
         if let Some(cache) = cache {
@@ -406,6 +443,25 @@ impl Llama {
             logits,
             hidden_states: hidden,
         })
+    }
+
+    /// The host copies of every layer's norms and biases when a pass of `rows` rows decodes
+    /// on the host (`model::host`): packed blocks for every projection, no adapter, no
+    /// dropout, f32 on the CPU backend without autodiff, and no more rows than the packed
+    /// products serve.
+    fn host_layers(&self, rows: usize, options: &ForwardOptions) -> Option<&[HostLayer]> {
+        let host = self.packed.as_ref()?.host.as_deref()?;
+        let weight = self.embed_tokens.weight.val();
+        let applies = rows <= skinny::MAX_ROWS
+            && skinny::avx2()
+            && options.dropout_seed.is_none()
+            && !weight.is_autodiff()
+            && ops::applies(&weight.device(), weight.dtype())
+            && self
+                .projections()
+                .iter()
+                .all(|(_, p)| p.adapter.is_none() && !p.base.weight.is_require_grad());
+        applies.then_some(host)
     }
 
     /// The LM head's weight `[vocab, hidden]` (the embedding matrix when tied), for losses
@@ -438,6 +494,11 @@ impl Llama {
         }
         linear(x, weight.transpose(), None)
     }
+}
+
+/// An f32 tensor of `shape` holding `values`.
+fn host_tensor(values: &[f32], shape: [usize; 3], device: &burn::tensor::Device) -> Tensor<3> {
+    Tensor::from_data(TensorData::new(values.to_vec(), shape), device)
 }
 
 /// The untied LM head, stored as checkpoints store it: `[vocab, hidden]`.

@@ -19,8 +19,7 @@ use half::f16;
 use kd_gguf::{GgmlType, GgufFile};
 use rayon::prelude::*;
 
-use crate::config::LlamaConfig;
-use crate::model::LayerPacks;
+use crate::model::{HostLayer, LayerPacks};
 use crate::q8::{self, BlockRow, Q8Rows};
 
 mod kernels;
@@ -32,12 +31,16 @@ use kernels::Kernel;
 pub(crate) struct Packed {
     pub layers: Vec<LayerPacks>,
     pub head: Option<PackedMatrix>,
+    /// Per layer, the norms and biases a host decode pass reads (see `model::host`); `None`
+    /// when some layer is not fully packed, or its small weights are not f32.
+    pub host: Option<Vec<HostLayer>>,
 }
 
 impl Packed {
     /// The blocks of every projection of a GGUF file stored as Q8_0/Q4_0/Q4_1, with the
     /// queries' and keys' rows put back in Hugging Face order.
-    pub fn from_gguf(file: &GgufFile, c: &LlamaConfig) -> Self {
+    pub fn from_gguf(file: &GgufFile, model: &crate::Llama) -> Self {
+        let c = model.config();
         let get = |name: &str, heads: Option<usize>| -> Option<PackedMatrix> {
             let t = file.tensor(name)?;
             let [rows, cols] = t.shape()[..] else {
@@ -71,7 +74,28 @@ impl Packed {
         } else {
             get("output.weight", None)
         };
-        Self { layers, head }
+        Self::with_host(layers, head, model)
+    }
+
+    /// The packs with the host copies of `model`'s norms and biases, where every projection
+    /// of every layer is packed.
+    fn with_host(
+        layers: Vec<LayerPacks>,
+        head: Option<PackedMatrix>,
+        model: &crate::Llama,
+    ) -> Self {
+        let host = layers
+            .iter()
+            .all(|l| l.iter().all(Option::is_some))
+            .then(|| {
+                model
+                    .layers
+                    .iter()
+                    .map(HostLayer::of)
+                    .collect::<Option<Vec<_>>>()
+            })
+            .flatten();
+        Self { layers, head, host }
     }
 
     /// Q8_0 blocks of every projection and of the LM head (the tied embedding when there is
@@ -96,10 +120,7 @@ impl Packed {
                 ]
             })
             .collect();
-        Self {
-            layers,
-            head: PackedMatrix::q8_0(model.lm_head_weight()),
-        }
+        Self::with_host(layers, PackedMatrix::q8_0(model.lm_head_weight()), model)
     }
 
     /// The packs of the kept layers (see `Llama::keep_layers`).
@@ -107,6 +128,10 @@ impl Packed {
         Self {
             layers: keep.iter().map(|&i| self.layers[i].clone()).collect(),
             head: self.head.clone(),
+            host: self
+                .host
+                .as_ref()
+                .map(|h| keep.iter().map(|&i| h[i].clone()).collect()),
         }
     }
 
@@ -146,12 +171,7 @@ pub(crate) fn packed_project(m: &PackedMatrix, x: Tensor<2>) -> Tensor<2> {
     );
     let device = x.device();
     let xs: Vec<f32> = x.into_data().try_into_vec_as::<f32>().expect("f32 input");
-    let y = if m.int8 {
-        m.matmul_t_q8(&Q8Rows::quantize(&xs, n, k))
-    } else {
-        m.matmul_t(&xs, n)
-    };
-    Tensor::from_data(TensorData::new(y, [n, m.rows]), &device)
+    Tensor::from_data(TensorData::new(m.project(&xs, n), [n, m.rows]), &device)
 }
 
 /// A `[rows, cols]` matrix (a projection's `[out, in]`) in Q8_0, Q4_0 or Q4_1 blocks.
@@ -290,6 +310,16 @@ impl PackedMatrix {
             }
         }
         out
+    }
+
+    /// `x [n, cols] · selfᵀ` → `[n, rows]` as decoding computes it: from 8-bit activations
+    /// when the matrix is set to take them, else from `x` as it is.
+    pub(crate) fn project(&self, x: &[f32], n: usize) -> Vec<f32> {
+        if self.int8 {
+            self.matmul_t_q8(&Q8Rows::quantize(x, n, self.cols))
+        } else {
+            self.matmul_t(x, n)
+        }
     }
 
     /// `x [n, cols] · selfᵀ` → `[n, rows]`, with `x` row-major.

@@ -76,6 +76,15 @@ impl Rope {
         device: &Device,
     ) -> (Tensor<4>, Tensor<4>) {
         debug_assert_eq!(positions.len(), batch * seq);
+        let dim = 2 * self.inv_freq.len();
+        let (cos, sin) = self.host_tables(positions);
+        let shape = [batch, 1, seq, dim];
+        let make = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, shape), (device, dtype));
+        (make(cos), make(sin))
+    }
+
+    /// The values of [`tables`](Self::tables): `cos` and `sin`, `[positions, head_dim]` each.
+    pub fn host_tables(&self, positions: &[i64]) -> (Vec<f32>, Vec<f32>) {
         let half = self.inv_freq.len();
         let dim = 2 * half;
         let mut cos = Vec::with_capacity(positions.len() * dim);
@@ -92,9 +101,7 @@ impl Rope {
             cos.extend_from_within(start..start + half);
             sin.extend_from_within(start..start + half);
         }
-        let shape = [batch, 1, seq, dim];
-        let make = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, shape), (device, dtype));
-        (make(cos), make(sin))
+        (cos, sin)
     }
 }
 

@@ -299,6 +299,11 @@ pub(crate) struct LayerMask {
 }
 
 impl LayerMask {
+    /// The fused kernel's job, where it serves.
+    pub(super) fn job(&self) -> Option<&ops::AttentionJob> {
+        self.job.as_ref()
+    }
+
     pub(super) fn new(
         values: Vec<bool>,
         [b, s, t]: [usize; 3],

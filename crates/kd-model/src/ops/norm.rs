@@ -20,7 +20,7 @@ const NORM_ROWS: usize = 32;
 
 dispatch! {
     /// `y = x / rms · gamma` for rows of `gamma.len()` values.
-    fn rms_norm_rows(y: &mut [f32], x: &[f32], gamma: &[f32], eps: f32) {
+    pub(crate) fn rms_norm_rows(y: &mut [f32], x: &[f32], gamma: &[f32], eps: f32) {
         let d = gamma.len();
         for (yr, xr) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
             let rms = (math::sum_map(xr, |v| v * v) / d as f32 + eps).sqrt();

@@ -24,7 +24,7 @@ fn sigmoid(x: f32) -> f32 {
 
 dispatch! {
     /// `out = silu(gate) · up`.
-    fn swiglu_chunk(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    pub(crate) fn swiglu_chunk(out: &mut [f32], gate: &[f32], up: &[f32]) {
         for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
             *o = g * sigmoid(*g) * u;
         }
