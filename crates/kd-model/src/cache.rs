@@ -7,7 +7,9 @@
 //! the capacity doubles (or grows to what the step needs). Rolling back ([`KvCache::truncate`])
 //! only moves the length: the slots are reused by the next tokens.
 
+use burn::backend::{BackendTensor, DispatchAutodiffContext, DispatchTensor, DispatchTensorKind};
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_flex::FlexTensor;
 
 use crate::error::{ModelError, Result};
 
@@ -171,6 +173,74 @@ impl KvCache {
         &self.valid
     }
 
+    /// [`append`](Self::append) on the host, for a layer held as the CPU backend's f32
+    /// tensors: writes this step's keys and values (`[batch, kv_heads, new, head_dim]`,
+    /// row-major) into the slots after [`len`](Self::len), in place, and hands `read` every
+    /// cached slot's keys and values (heads `stride` values apart) and the number of slots.
+    /// `None`, with nothing written, when the layer is held otherwise (another device, dtype
+    /// or autodiff).
+    pub(crate) fn append_host<R>(
+        &mut self,
+        layer: usize,
+        (k, v): (&[f32], &[f32]),
+        [b, h, s, d]: [usize; 4],
+        read: impl FnOnce(&[f32], &[f32], usize, usize) -> R,
+    ) -> Option<R> {
+        assert!(
+            k.len() == b * h * s * d && v.len() == k.len(),
+            "append_host: keys and values of [{b}, {h}, {s}, {d}]"
+        );
+        let (at, need) = (self.len(), self.len() + s);
+        let (mut ck, mut cv) = match self.layers[layer].take() {
+            None => {
+                let cap = need.max(self.reserve);
+                (host_zeros([b, h, cap, d]), host_zeros([b, h, cap, d]))
+            }
+            Some((ck, cv)) => match (host_of(ck), host_of(cv)) {
+                (Ok(ck), Ok(cv)) => (ck, cv),
+                (ck, cv) => {
+                    self.layers[layer] = Some((
+                        ck.map_or_else(|t| *t, tensor_of),
+                        cv.map_or_else(|t| *t, tensor_of),
+                    ));
+                    return None;
+                }
+            },
+        };
+        let cap = ck.layout().shape()[2];
+        assert_eq!(
+            (ck.layout().shape().to_vec(), cv.layout().shape().to_vec()),
+            (vec![b, h, cap, d], vec![b, h, cap, d]),
+            "append_host: the cached layer's shape"
+        );
+        if cap < need {
+            // Grow geometrically, keeping the slots in use.
+            let grown = need.max(2 * cap);
+            let grow = |old: &FlexTensor| {
+                let mut fresh = host_zeros([b, h, grown, d]);
+                let (from, to) = (old.storage::<f32>(), fresh.storage_mut::<f32>());
+                for head in 0..b * h {
+                    to[head * grown * d..][..at * d]
+                        .copy_from_slice(&from[head * cap * d..][..at * d]);
+                }
+                fresh
+            };
+            (ck, cv) = (grow(&ck), grow(&cv));
+        }
+        let cap = ck.layout().shape()[2];
+        for (cache, new) in [(&mut ck, k), (&mut cv, v)] {
+            // In place when the cache holds the only reference, as `append`'s `slice_assign`.
+            let slots = cache.storage_mut::<f32>();
+            for head in 0..b * h {
+                slots[(head * cap + at) * d..][..s * d]
+                    .copy_from_slice(&new[head * s * d..][..s * d]);
+            }
+        }
+        let out = read(ck.storage(), cv.storage(), cap * d, need);
+        self.layers[layer] = Some((tensor_of(ck), tensor_of(cv)));
+        Some(out)
+    }
+
     /// Writes this step's keys/values `[batch, kv_heads, new, head_dim]` of one layer into
     /// the slots after [`len`](Self::len) and returns views of every cached slot
     /// (`[batch, kv_heads, len + new, head_dim]`).
@@ -218,4 +288,38 @@ impl KvCache {
         self.layers[layer] = Some((ck, cv));
         views
     }
+}
+
+/// A contiguous f32 tensor of zeros on the CPU backend.
+fn host_zeros(shape: [usize; 4]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(vec![0f32; shape.iter().product()], shape))
+}
+
+/// The CPU backend's contiguous f32 tensor behind `t` (copied into one when strided), or `t`
+/// back when it is held otherwise.
+fn host_of(t: Tensor<4>) -> std::result::Result<FlexTensor, Box<Tensor<4>>> {
+    let DispatchTensor { kind, autodiff } = t.into_dispatch();
+    match (kind, autodiff) {
+        (DispatchTensorKind::Flex(BackendTensor::Float(f)), DispatchAutodiffContext::Disabled)
+            if f.dtype() == burn::tensor::DType::F32 =>
+        {
+            if f.layout().is_contiguous() && f.layout().start_offset() == 0 {
+                Ok(f)
+            } else {
+                Ok(FlexTensor::from_data(f.into_data()))
+            }
+        }
+        (kind, autodiff) => Err(Box::new(Tensor::from_dispatch(DispatchTensor {
+            kind,
+            autodiff,
+        }))),
+    }
+}
+
+/// `f` as a tensor of the CPU backend.
+fn tensor_of(f: FlexTensor) -> Tensor<4> {
+    Tensor::from_dispatch(DispatchTensor {
+        kind: DispatchTensorKind::Flex(BackendTensor::Float(f)),
+        autodiff: DispatchAutodiffContext::Disabled,
+    })
 }

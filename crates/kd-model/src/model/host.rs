@@ -19,6 +19,7 @@ use kd_lora::LoraLinear;
 use super::LayerPacks;
 use super::layer::DecoderLayer;
 use crate::cache::KvCache;
+use crate::ops::attention::{self, AttnDims};
 use crate::ops::{self, AttentionJob};
 use crate::packed::PackedMatrix;
 
@@ -184,18 +185,35 @@ pub(crate) fn decode_layer(
     rotate(&mut q, h, d, pass.cos, pass.sin);
     rotate(&mut k, kv, d, pass.cos, pass.sin);
 
-    let tensor = |values: Vec<f32>, heads: usize| {
-        Tensor::<4>::from_data(
-            TensorData::new(swap_seq_heads(&values, b, s, heads, d), [b, heads, s, d]),
-            pass.device,
-        )
+    // [b, s, heads, d] → [b, heads, s, d], the layout of the cache and the attention kernel.
+    let (q, k, v) = (
+        swap_seq_heads(&q, b, s, h, d),
+        swap_seq_heads(&k, b, s, kv, d),
+        swap_seq_heads(&v, b, s, kv, d),
+    );
+    let attend = |ks: &[f32], vs: &[f32], stride: usize, t: usize| {
+        assert_eq!(
+            pass.job.dims(),
+            (b, s, t),
+            "the pass's mask is [b, s, cached]"
+        );
+        let dims = AttnDims { b, h, kv, s, t, d };
+        attention::forward(&q, (ks, vs, stride), pass.job, dims).0
     };
-    let (k, v) = cache.append(index, tensor(k, kv), tensor(v, kv));
-    let out = ops::fused_attention_job(tensor(q, h), k, v, pass.job.clone());
-    let out: Vec<f32> = out
-        .into_data()
-        .try_into_vec()
-        .expect("the fused attention's output is f32");
+    let out = match cache.append_host(index, (&k, &v), [b, kv, s, d], attend) {
+        Some(out) => out,
+        None => {
+            // A cache held as other tensors (not the CPU backend's f32): Burn's append.
+            let tensor = |values: Vec<f32>, heads: usize| {
+                Tensor::<4>::from_data(TensorData::new(values, [b, heads, s, d]), pass.device)
+            };
+            let (k, v) = cache.append(index, tensor(k, kv), tensor(v, kv));
+            ops::fused_attention_job(tensor(q, h), k, v, pass.job.clone())
+                .into_data()
+                .try_into_vec()
+                .expect("the fused attention's output is f32")
+        }
+    };
     let out = swap_seq_heads(&out, b, h, s, d);
     let o = project(pk(3), &out, n, bias(3));
     for (xv, ov) in x.iter_mut().zip(&o) {
@@ -232,8 +250,10 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// Prefill, single-token steps and a multi-token (verification) step of a left-padded
-    /// batch: the host layers give the Burn path's logits and hidden states bit for bit.
+    /// Prefill, single-token steps and multi-token (verification) steps of a left-padded
+    /// batch, with passes too wide for the host (40 and 34 rows, Burn's path, on the same
+    /// cache) between them: the host layers give the Burn path's logits and hidden states bit
+    /// for bit, and the cache they share grows as it would.
     fn host_equals_burn(model: Llama) {
         let packed = model.packed.as_ref().expect("q8_0 blocks");
         assert!(
@@ -242,13 +262,32 @@ mod tests {
         );
         let mut burn = model.clone();
         Arc::make_mut(burn.packed.as_mut().unwrap()).host = None;
-        let options = ForwardOptions::with_hidden_states(HiddenStates::All);
+        let rows = |a: &[u32], b: &[u32]| {
+            TokenBatch::from_rows(&[a.to_vec(), b.to_vec()], 0, PaddingSide::Left)
+        };
+        let ids = |n: u32, from: u32| (from..from + n).map(|i| i % 60 + 1).collect::<Vec<_>>();
         let steps = [
-            TokenBatch::from_rows(&[vec![1, 2, 3, 4, 5], vec![6, 7]], 0, PaddingSide::Left),
-            TokenBatch::from_rows(&[vec![9], vec![10]], 0, PaddingSide::Left),
-            TokenBatch::from_rows(&[vec![11], vec![12]], 0, PaddingSide::Left),
-            TokenBatch::from_rows(&[vec![13, 14, 15], vec![16, 17, 18]], 0, PaddingSide::Left),
+            rows(&[1, 2, 3, 4, 5], &[6, 7]),
+            rows(&[9], &[10]),
+            rows(&[11], &[12]),
+            rows(&[13, 14, 15], &[16, 17, 18]),
+            rows(&ids(17, 20), &ids(17, 40)),
+            rows(&[19], &[20]),
+            rows(&[21, 22], &[23, 24]),
         ];
+        same_steps(&model, &burn, &steps);
+        // A prompt too wide for the host first, then host steps on the cache it wrote.
+        let steps = [
+            rows(&ids(20, 1), &ids(12, 30)),
+            rows(&[5], &[6]),
+            rows(&[7, 8], &[9, 10]),
+        ];
+        same_steps(&model, &burn, &steps);
+    }
+
+    /// Runs `steps` through both models, each on its own cache, and compares every output.
+    fn same_steps(model: &Llama, burn: &Llama, steps: &[TokenBatch]) {
+        let options = ForwardOptions::with_hidden_states(HiddenStates::All);
         let (mut host_cache, mut burn_cache) = (model.new_cache(), burn.new_cache());
         for (i, step) in steps.iter().enumerate() {
             let a = model
@@ -271,6 +310,7 @@ mod tests {
                 );
             }
         }
+        assert_eq!(host_cache.capacity(), burn_cache.capacity());
     }
 
     const BASE: &str = r#""vocab_size": 64, "hidden_size": 64, "intermediate_size": 96,
