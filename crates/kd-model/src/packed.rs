@@ -217,6 +217,65 @@ impl std::fmt::Debug for PackedMatrix {
 /// Output rows per parallel task.
 const ROWS_PER_TASK: usize = 64;
 
+/// `[n, rows[m]]` for each matrix `m`, all in one parallel job of tasks of [`ROWS_PER_TASK`]
+/// matrix rows: `kernel(m, j0..j0 + nb, acc)` writes outputs `j0..j0 + nb` of matrix `m` for
+/// every input row into `acc [n, nb]`.
+fn par_rows_of(
+    rows: &[usize],
+    n: usize,
+    kernel: impl Fn(usize, std::ops::Range<usize>, &mut [f32]) + Sync,
+) -> Vec<Vec<f32>> {
+    let tasks: Vec<(usize, usize)> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(m, &r)| (0..r).step_by(ROWS_PER_TASK).map(move |j0| (m, j0)))
+        .collect();
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(m, j0)| {
+            let nb = ROWS_PER_TASK.min(rows[m] - j0);
+            let mut acc = vec![0f32; n * nb];
+            kernel(m, j0..j0 + nb, &mut acc);
+            acc
+        })
+        .collect();
+    let mut out: Vec<Vec<f32>> = rows.iter().map(|r| vec![0f32; n * r]).collect();
+    for (&(m, j0), part) in tasks.iter().zip(&parts) {
+        let (width, nb) = (rows[m], part.len() / n.max(1));
+        for r in 0..n {
+            out[m][r * width + j0..r * width + j0 + nb]
+                .copy_from_slice(&part[r * nb..(r + 1) * nb]);
+        }
+    }
+    out
+}
+
+/// `x [n, cols] · mᵀ` for every matrix `m` of `ms` (of one input width), as
+/// [`PackedMatrix::project`] computes each, in one parallel job: a layer's q, k and v, or its
+/// gate and up, share the pool's threads evenly and the input is quantised once.
+pub(crate) fn project_all(ms: &[&PackedMatrix], x: &[f32], n: usize) -> Vec<Vec<f32>> {
+    let Some(cols) = ms.first().map(|m| m.cols) else {
+        return Vec::new();
+    };
+    assert!(
+        ms.iter().all(|m| m.cols == cols) && x.len() == n * cols,
+        "project_all: matrices of {cols} columns and x [{n}, {cols}]"
+    );
+    let q8 = ms
+        .iter()
+        .any(|m| m.int8)
+        .then(|| Q8Rows::quantize(x, n, cols));
+    let (kernel, q8_kernel) = (Kernel::detect(), q8::Kernel::detect());
+    let rows: Vec<usize> = ms.iter().map(|m| m.rows).collect();
+    par_rows_of(&rows, n, |mi, range, acc| {
+        let m = ms[mi];
+        match (&q8, m.int8) {
+            (Some(q8), true) => m.q8_rows(q8_kernel, q8, range, acc),
+            _ => m.f32_rows(kernel, x, n, range, acc),
+        }
+    })
+}
+
 impl PackedMatrix {
     /// Wraps the raw blocks of a `[rows, cols]` tensor; `None` for another type or a size
     /// that does not match.
@@ -282,68 +341,70 @@ impl PackedMatrix {
         self.cols / block * size
     }
 
-    /// `[n, rows]` in parallel tasks of [`ROWS_PER_TASK`] matrix rows: `kernel(row, acc, nb,
-    /// j)` writes output `row` of every input row into column `j` of `acc [n, nb]`.
-    fn par_rows(
-        &self,
-        n: usize,
-        kernel: impl Fn(usize, &mut [f32], usize, usize) + Sync,
-    ) -> Vec<f32> {
-        let starts: Vec<usize> = (0..self.rows).step_by(ROWS_PER_TASK).collect();
-        let parts: Vec<Vec<f32>> = starts
-            .par_iter()
-            .map(|&j0| {
-                let nb = ROWS_PER_TASK.min(self.rows - j0);
-                let mut acc = vec![0f32; n * nb];
-                for j in 0..nb {
-                    kernel(j0 + j, &mut acc, nb, j);
-                }
-                acc
-            })
-            .collect();
-        let mut out = vec![0f32; n * self.rows];
-        for (&j0, part) in starts.iter().zip(&parts) {
-            let nb = part.len() / n.max(1);
-            for r in 0..n {
-                out[r * self.rows + j0..r * self.rows + j0 + nb]
-                    .copy_from_slice(&part[r * nb..(r + 1) * nb]);
-            }
-        }
-        out
-    }
-
     /// `x [n, cols] · selfᵀ` → `[n, rows]` as decoding computes it: from 8-bit activations
     /// when the matrix is set to take them, else from `x` as it is.
     pub(crate) fn project(&self, x: &[f32], n: usize) -> Vec<f32> {
-        if self.int8 {
-            self.matmul_t_q8(&Q8Rows::quantize(x, n, self.cols))
-        } else {
-            self.matmul_t(x, n)
-        }
+        project_all(&[self], x, n).pop().expect("one matrix")
     }
 
-    /// `x [n, cols] · selfᵀ` → `[n, rows]`, with `x` row-major.
+    /// `x [n, cols] · selfᵀ` → `[n, rows]`, with `x` row-major, f32 activations.
+    #[cfg(test)]
     pub fn matmul_t(&self, x: &[f32], n: usize) -> Vec<f32> {
         self.matmul_t_with(x, n, Kernel::detect())
     }
 
+    #[cfg(test)]
     fn matmul_t_with(&self, x: &[f32], n: usize, kernel: Kernel) -> Vec<f32> {
         assert_eq!(x.len(), n * self.cols, "x must be [n, cols]");
-        self.par_rows(n, |row, acc, nb, j| {
-            kernel.dot_row(self.ty, &self.block_row(row), x, n, self.cols, acc, nb, j);
-        })
+        let mut out = par_rows_of(&[self.rows], n, |_, range, acc| {
+            self.f32_rows(kernel, x, n, range, acc)
+        });
+        out.pop().expect("one matrix")
     }
 
     /// The same product from 8-bit activations, with integer dot products (see [`q8`]).
+    #[cfg(test)]
     pub(crate) fn matmul_t_q8(&self, x: &Q8Rows) -> Vec<f32> {
         self.matmul_t_q8_with(x, q8::Kernel::detect())
     }
 
+    #[cfg(test)]
     fn matmul_t_q8_with(&self, x: &Q8Rows, kernel: q8::Kernel) -> Vec<f32> {
         assert_eq!(x.cols, self.cols, "x must be [n, cols]");
-        self.par_rows(x.n, |row, acc, nb, j| {
+        let mut out = par_rows_of(&[self.rows], x.n, |_, range, acc| {
+            self.q8_rows(kernel, x, range, acc)
+        });
+        out.pop().expect("one matrix")
+    }
+
+    /// Outputs `range` of every row of `x [n, cols]` into `acc [n, range.len()]`, f32
+    /// activations.
+    fn f32_rows(
+        &self,
+        kernel: Kernel,
+        x: &[f32],
+        n: usize,
+        range: std::ops::Range<usize>,
+        acc: &mut [f32],
+    ) {
+        let nb = range.len();
+        for (j, row) in range.enumerate() {
+            kernel.dot_row(self.ty, &self.block_row(row), x, n, self.cols, acc, nb, j);
+        }
+    }
+
+    /// Outputs `range` of every quantised row of `x` into `acc [n, range.len()]`.
+    fn q8_rows(
+        &self,
+        kernel: q8::Kernel,
+        x: &Q8Rows,
+        range: std::ops::Range<usize>,
+        acc: &mut [f32],
+    ) {
+        let nb = range.len();
+        for (j, row) in range.enumerate() {
             kernel.dot_row(self.ty, &self.block_row(row), x, acc, nb, j);
-        })
+        }
     }
 
     /// Matrix row `row`: its blocks, scales and (Q4_1) minimums.

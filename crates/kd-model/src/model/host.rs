@@ -21,7 +21,7 @@ use super::layer::DecoderLayer;
 use crate::cache::KvCache;
 use crate::ops::attention::{self, AttnDims};
 use crate::ops::{self, AttentionJob};
-use crate::packed::PackedMatrix;
+use crate::packed::{self, PackedMatrix};
 
 /// What a layer's host pass reads besides the packed blocks: the norms' weights and the
 /// projections' biases, copied once when the blocks are made.
@@ -106,6 +106,12 @@ pub(crate) struct HostPass<'a> {
 /// `x [n, in] · mᵀ + bias`.
 fn project(m: &PackedMatrix, x: &[f32], n: usize, bias: Option<&Vec<f32>>) -> Vec<f32> {
     let mut y = m.project(x, n);
+    add_bias(&mut y, bias);
+    y
+}
+
+/// `y [n, out] += bias` where there is one.
+fn add_bias(y: &mut [f32], bias: Option<&Vec<f32>>) {
     if let Some(bias) = bias {
         for row in y.chunks_exact_mut(bias.len()) {
             for (v, b) in row.iter_mut().zip(bias) {
@@ -113,7 +119,21 @@ fn project(m: &PackedMatrix, x: &[f32], n: usize, bias: Option<&Vec<f32>>) -> Ve
             }
         }
     }
-    y
+}
+
+/// The products of projections `ids` of one input, in one parallel job, biases added.
+fn project_all<const N: usize>(
+    (packs, host): (&LayerPacks, &HostLayer),
+    ids: [usize; N],
+    x: &[f32],
+    n: usize,
+) -> [Vec<f32>; N] {
+    let ms = ids.map(|i| packs[i].as_ref().expect("every projection packed"));
+    let mut ys = packed::project_all(&ms, x, n);
+    for (y, i) in ys.iter_mut().zip(ids) {
+        add_bias(y, host.biases[i].as_ref());
+    }
+    ys.try_into().expect("one output per matrix")
 }
 
 /// Rotates rows `[n, heads, d]` in place: `x · cos + rotate_half(x) · sin` with the row's
@@ -173,9 +193,7 @@ pub(crate) fn decode_layer(
     let bias = |i: usize| host.biases[i].as_ref();
 
     let normed = host.input_norm.apply(simd, x);
-    let mut q = project(pk(0), &normed, n, bias(0));
-    let mut k = project(pk(1), &normed, n, bias(1));
-    let v = project(pk(2), &normed, n, bias(2));
+    let [mut q, mut k, v] = project_all((packs, host), [0, 1, 2], &normed, n);
     if let Some(norm) = &host.q_norm {
         q = norm.apply(simd, &q);
     }
@@ -221,8 +239,7 @@ pub(crate) fn decode_layer(
     }
 
     let normed = host.post_norm.apply(simd, x);
-    let gate = project(pk(4), &normed, n, bias(4));
-    let up = project(pk(5), &normed, n, bias(5));
+    let [gate, up] = project_all((packs, host), [4, 5], &normed, n);
     let mut act = vec![0f32; gate.len()];
     ops::swiglu::swiglu_chunk(simd, &mut act, &gate, &up);
     let down = project(pk(6), &act, n, bias(6));
