@@ -53,13 +53,17 @@ struct Args {
     /// (a speculative verification of N − 1 drafts costs one such pass), beside N = 1.
     #[arg(long, value_delimiter = ',')]
     verify: Vec<usize>,
-    /// Which of our paths to run (`f32`, `packed`, `int8`).
+    /// Which of our paths to run (`f32`; `packed`, decoding layers on the host; `packed-ops`,
+    /// the same blocks with each layer as Burn operations; `int8`).
     #[arg(long, value_delimiter = ',', default_value = "f32,packed,int8")]
     paths: Vec<String>,
     /// Directory with llama.cpp's `llama-batched-bench` (`fixtures/build-llama-server.sh`).
     #[arg(long)]
     llama_cpp_bin: Option<PathBuf>,
 }
+
+/// Our decoding paths, in the order they run.
+const PATHS: [&str; 4] = ["f32", "packed", "packed-ops", "int8"];
 
 fn main() -> Result<()> {
     let args = Args::parse();
@@ -75,21 +79,19 @@ fn main() -> Result<()> {
     }
     let device = parse_device("cpu")?;
     let mut ours = Vec::new();
-    if let Some(bad) = args
-        .paths
-        .iter()
-        .find(|p| !["f32", "packed", "int8"].contains(&p.as_str()))
-    {
-        bail!("--paths {bad}: the paths are f32, packed and int8");
+    if let Some(bad) = args.paths.iter().find(|p| !PATHS.contains(&p.as_str())) {
+        bail!("--paths {bad}: the paths are f32, packed, packed-ops and int8");
     }
-    for label in ["f32", "packed", "int8"] {
+    for label in PATHS {
         if !args.paths.iter().any(|p| p == label) {
             continue;
         }
         let start = Instant::now();
         let packed = label != "f32";
         let mut model = if packed {
-            Llama::load_for_inference(&args.model, &device)?.with_int8_activations(label == "int8")
+            Llama::load_for_inference(&args.model, &device)?
+                .with_int8_activations(label == "int8")
+                .with_host_layers(label != "packed-ops")
         } else {
             Llama::load(&args.model, &device)?
         };
@@ -103,6 +105,7 @@ fn main() -> Result<()> {
             match label {
                 "f32" => "dequantised to f32",
                 "packed" => "f32 copy + Q8_0/Q4 blocks kept for decoding, f32 activations",
+                "packed-ops" => "the same blocks, each layer as Burn operations",
                 _ => "the blocks with 8-bit activations, integer dot products",
             }
         );
@@ -130,7 +133,7 @@ fn main() -> Result<()> {
                 speeds.push(((args.new_tokens - 1) * b) as f64 / (full - first));
             }
             let s = median(speeds);
-            println!("ours {label:>6} batch {b}: {s:.1} tokens/s (decode after the prompt)");
+            println!("ours {label:>10} batch {b}: {s:.1} tokens/s (decode after the prompt)");
             if packed {
                 ours.push((label, b, s));
             }
@@ -179,7 +182,7 @@ fn main() -> Result<()> {
                 args.threads
             );
             for (label, _, m) in ours.iter().filter(|(_, b, _)| *b as u64 == pl) {
-                println!("  ours {label:>6} / llama.cpp: {:.2}x", m / tg);
+                println!("  ours {label:>10} / llama.cpp: {:.2}x", m / tg);
             }
         }
     }
@@ -210,11 +213,14 @@ fn verification_passes(model: &Llama, args: &Args, label: &str) -> Result<()> {
         Ok(median(times))
     };
     let one = time(1)?;
-    println!("ours {label:>6} pass over 1 new token: {:.2} ms", one * 1e3);
+    println!(
+        "ours {label:>10} pass over 1 new token: {:.2} ms",
+        one * 1e3
+    );
     for &n in &args.verify {
         let t = time(n)?;
         println!(
-            "ours {label:>6} pass over {n} new tokens: {:.2} ms ({:.2}x the 1-token pass)",
+            "ours {label:>10} pass over {n} new tokens: {:.2} ms ({:.2}x the 1-token pass)",
             t * 1e3,
             t / one
         );

@@ -161,6 +161,26 @@ impl Llama {
         self
     }
 
+    /// Decoding passes of a few rows (up to 32: a decode step, a speculative verification)
+    /// run each decoder layer on the host, in one call, where the model decodes from packed
+    /// blocks (the default): plain f32 rows through the same kernels as Burn's per-operation
+    /// path, bit-identical to it, without a tensor operation per step of the layer. `false`
+    /// keeps the per-operation path (for comparisons). No effect without packed blocks, with
+    /// adapters attached, with dropout, or below AVX2.
+    pub fn with_host_layers(mut self, on: bool) -> Self {
+        if let Some(p) = self.packed.take() {
+            let mut p = std::sync::Arc::unwrap_or_clone(p);
+            p.set_host(on.then_some(&self));
+            self.packed = Some(std::sync::Arc::new(p));
+        }
+        self
+    }
+
+    /// Whether decoding passes run whole layers on the host ([`with_host_layers`](Self::with_host_layers)).
+    pub fn host_layers(&self) -> bool {
+        self.packed.as_ref().is_some_and(|p| p.host.is_some())
+    }
+
     /// Whether packed products take 8-bit activations ([`with_int8_activations`](Self::with_int8_activations)).
     pub fn int8_activations(&self) -> bool {
         self.packed.as_ref().is_some_and(|p| p.int8())

@@ -373,7 +373,7 @@ impl Llama {
         };
         record(0, &x);
         let host = match (
-            self.host_layers(b * s, options),
+            self.layers_on_host(b * s, options),
             cache.as_deref_mut(),
             mask.job(),
         ) {
@@ -449,7 +449,7 @@ impl Llama {
     /// on the host (`model::host`): packed blocks for every projection, no adapter, no
     /// dropout, f32 on the CPU backend without autodiff, and no more rows than the packed
     /// products serve.
-    fn host_layers(&self, rows: usize, options: &ForwardOptions) -> Option<&[HostLayer]> {
+    fn layers_on_host(&self, rows: usize, options: &ForwardOptions) -> Option<&[HostLayer]> {
         let host = self.packed.as_ref()?.host.as_deref()?;
         let weight = self.embed_tokens.weight.val();
         let applies = rows <= skinny::MAX_ROWS

@@ -84,18 +84,21 @@ impl Packed {
         head: Option<PackedMatrix>,
         model: &crate::Llama,
     ) -> Self {
-        let host = layers
-            .iter()
-            .all(|l| l.iter().all(Option::is_some))
-            .then(|| {
-                model
-                    .layers
-                    .iter()
-                    .map(HostLayer::of)
-                    .collect::<Option<Vec<_>>>()
-            })
-            .flatten();
-        Self { layers, head, host }
+        let mut packed = Self {
+            layers,
+            head,
+            host: None,
+        };
+        packed.set_host(Some(model));
+        packed
+    }
+
+    /// Host copies of `model`'s norms and biases where every projection of every layer is
+    /// packed (`None`: no host layers).
+    pub fn set_host(&mut self, model: Option<&crate::Llama>) {
+        self.host = model
+            .filter(|_| self.layers.iter().all(|l| l.iter().all(Option::is_some)))
+            .and_then(|m| m.layers.iter().map(HostLayer::of).collect());
     }
 
     /// Q8_0 blocks of every projection and of the LM head (the tied embedding when there is

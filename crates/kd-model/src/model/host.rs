@@ -250,8 +250,6 @@ pub(crate) fn decode_layer(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use burn::tensor::Device;
 
     use crate::batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
@@ -272,13 +270,17 @@ mod tests {
     /// cache) between them: the host layers give the Burn path's logits and hidden states bit
     /// for bit, and the cache they share grows as it would.
     fn host_equals_burn(model: Llama) {
-        let packed = model.packed.as_ref().expect("q8_0 blocks");
-        assert!(
-            packed.host.is_some(),
-            "every projection packed: host layers"
+        assert!(model.host_layers(), "every projection packed: host layers");
+        let used = model
+            .layers_on_host(10, &ForwardOptions::default())
+            .is_some();
+        assert_eq!(
+            used,
+            crate::skinny::avx2(),
+            "the host layers serve with AVX2"
         );
-        let mut burn = model.clone();
-        Arc::make_mut(burn.packed.as_mut().unwrap()).host = None;
+        let burn = model.clone().with_host_layers(false);
+        assert!(!burn.host_layers() && burn.has_packed_weights());
         let rows = |a: &[u32], b: &[u32]| {
             TokenBatch::from_rows(&[a.to_vec(), b.to_vec()], 0, PaddingSide::Left)
         };
@@ -356,15 +358,21 @@ mod tests {
         let m = model(&format!("{{{BASE}}}"));
         let options = ForwardOptions::default();
         // Below AVX2 (`KD_SIMD=scalar`) the packed products, and so the host layers, stand down.
-        assert_eq!(m.host_layers(32, &options).is_some(), crate::skinny::avx2());
-        assert!(m.host_layers(33, &options).is_none());
+        assert_eq!(
+            m.layers_on_host(32, &options).is_some(),
+            crate::skinny::avx2()
+        );
+        assert!(m.layers_on_host(33, &options).is_none());
+        let off = m.clone().with_host_layers(false);
+        assert!(off.layers_on_host(1, &options).is_none());
+        assert!(off.with_host_layers(true).host_layers());
         let dropout = ForwardOptions {
             dropout_seed: Some(1),
             ..ForwardOptions::default()
         };
-        assert!(m.host_layers(1, &dropout).is_none());
+        assert!(m.layers_on_host(1, &dropout).is_none());
         let lora = kd_lora::LoraConfig::default();
         let adapted = m.clone().apply_lora_seeded(&lora, 3).unwrap();
-        assert!(adapted.host_layers(1, &options).is_none());
+        assert!(adapted.layers_on_host(1, &options).is_none());
     }
 }
