@@ -457,10 +457,13 @@ impl Llama {
             && options.dropout_seed.is_none()
             && !weight.is_autodiff()
             && ops::applies(&weight.device(), weight.dtype())
-            && self
-                .projections()
-                .iter()
-                .all(|(_, p)| p.adapter.is_none() && !p.base.weight.is_require_grad());
+            && self.layers.iter().all(|l| {
+                let (a, m) = (&l.self_attn, &l.mlp);
+                [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                    .into_iter()
+                    .chain([&m.gate_proj, &m.up_proj, &m.down_proj])
+                    .all(|p| p.adapter.is_none() && !p.base.weight.is_require_grad())
+            });
         applies.then_some(host)
     }
 

@@ -1,10 +1,10 @@
 //! Decoding a whole decoder layer on the host: for a pass of a few rows (a decode step, a
 //! speculative verification) of a model that decodes from packed blocks, the layer runs on
 //! plain f32 rows — RMSNorm, the packed q/k/v products and their biases, Qwen3's q/k norms,
-//! RoPE, the KV cache and attention, o, the residual, RMSNorm, gate/up, SwiGLU, down — with
-//! only the cache append and the attention call going through Burn tensors. The Burn path
-//! issues some seventy tensor operations per layer for such a pass, each a dispatch, an
-//! allocation and often a fork of the pool; at batch 1 they cost as much as the products.
+//! RoPE, the KV cache (written in place) and attention over its slots, o, the residual,
+//! RMSNorm, gate/up, SwiGLU, down — with no Burn tensor operation. The Burn path issues some
+//! seventy tensor operations per layer for such a pass, each a dispatch, an allocation and
+//! often a fork of the pool; at batch 1 they cost as much as the products.
 //!
 //! Every step calls the kernels the Burn path calls, in the same order, on the same values
 //! (the RMSNorm and SwiGLU row kernels, the packed products, the fused attention), and the
