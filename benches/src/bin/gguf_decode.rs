@@ -126,14 +126,19 @@ fn main() -> Result<()> {
                 Ok(t.elapsed().as_secs_f64())
             };
             run(args.new_tokens)?; // warm-up
-            let mut speeds = Vec::new();
+            let (mut speeds, mut prefills) = (Vec::new(), Vec::new());
             for _ in 0..args.repeats {
                 let full = run(args.new_tokens)?;
                 let first = run(1)?;
                 speeds.push(((args.new_tokens - 1) * b) as f64 / (full - first));
+                prefills.push((args.prompt_len * b) as f64 / first);
             }
             let s = median(speeds);
-            println!("ours {label:>10} batch {b}: {s:.1} tokens/s (decode after the prompt)");
+            println!(
+                "ours {label:>10} batch {b}: {s:.1} tokens/s (decode after the prompt); \
+                 prompt {:.1} tokens/s (prefill and the first token)",
+                median(prefills)
+            );
             if packed {
                 ours.push((label, b, s));
             }
@@ -175,11 +180,16 @@ fn main() -> Result<()> {
     let text = String::from_utf8_lossy(&out.stdout);
     for line in text.lines().filter(|l| l.starts_with('{')) {
         let v: serde_json::Value = serde_json::from_str(line)?;
-        let (pl, tg) = (v["pl"].as_u64(), v["speed_tg"].as_f64());
+        let (pl, tg, pp) = (
+            v["pl"].as_u64(),
+            v["speed_tg"].as_f64(),
+            v["speed_pp"].as_f64(),
+        );
         if let (Some(pl), Some(tg)) = (pl, tg) {
             println!(
-                "llama.cpp batch {pl}: {tg:.1} tokens/s (S_TG, {} threads)",
-                args.threads
+                "llama.cpp batch {pl}: {tg:.1} tokens/s (S_TG, {} threads); prompt {:.1} tokens/s (S_PP)",
+                args.threads,
+                pp.unwrap_or(f64::NAN)
             );
             for (label, _, m) in ours.iter().filter(|(_, b, _)| *b as u64 == pl) {
                 println!("  ours {label:>10} / llama.cpp: {:.2}x", m / tg);
