@@ -382,7 +382,6 @@ impl Llama {
         };
         if let Some((host, cache, job)) = host {
             // A few rows of a model that decodes from packed blocks: each layer on the host.
-            let hidden = self.config.hidden_size;
             let (cos, sin) = self.rope.host_tables(&positions);
             let pass = host::HostPass {
                 batch: b,
@@ -392,19 +391,7 @@ impl Llama {
                 job,
                 device: &device,
             };
-            let mut xs: Vec<f32> = x.into_data().try_into_vec().expect("f32 embeddings");
-            let packs = &self
-                .packed
-                .as_ref()
-                .expect("host layers come with packs")
-                .layers;
-            for (i, layer) in self.layers.iter().enumerate() {
-                host::decode_layer(layer, &packs[i], &host[i], &mut xs, &pass, (cache, i));
-                if i + 1 < n_layers && wanted.contains(&(i + 1)) {
-                    record(i + 1, &host_tensor(&xs, [b, s, hidden], &device));
-                }
-            }
-            x = host_tensor(&xs, [b, s, hidden], &device);
+            x = self.forward_on_host(host, x, &pass, cache, &wanted, &mut record);
         } else {
             let (cos, sin) = self.rope.tables(&positions, b, s, dtype, &device);
             for (i, layer) in self.layers.iter().enumerate() {
@@ -443,6 +430,34 @@ impl Llama {
             logits,
             hidden_states: hidden,
         })
+    }
+
+    /// The decoder layers over the embeddings `x` on the host (`model::host`), handing
+    /// `record` each hidden state in `wanted` but the last (recorded after the final norm).
+    fn forward_on_host(
+        &self,
+        host: &[HostLayer],
+        x: Tensor<3>,
+        pass: &host::HostPass<'_>,
+        cache: &mut KvCache,
+        wanted: &[usize],
+        record: &mut dyn FnMut(usize, &Tensor<3>),
+    ) -> Tensor<3> {
+        let shape = x.dims();
+        let mut xs: Vec<f32> = x.into_data().try_into_vec().expect("f32 embeddings");
+        let packs = &self
+            .packed
+            .as_ref()
+            .expect("host layers come with packs")
+            .layers;
+        let n_layers = self.layers.len();
+        for (i, layer) in self.layers.iter().enumerate() {
+            host::decode_layer(layer, &packs[i], &host[i], &mut xs, pass, (cache, i));
+            if i + 1 < n_layers && wanted.contains(&(i + 1)) {
+                record(i + 1, &host_tensor(&xs, shape, pass.device));
+            }
+        }
+        host_tensor(&xs, shape, pass.device)
     }
 
     /// The host copies of every layer's norms and biases when a pass of `rows` rows decodes
