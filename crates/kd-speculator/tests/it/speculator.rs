@@ -271,6 +271,58 @@ fn on_policy_rows_alone_teach_the_draft() {
     );
 }
 
+/// On-policy rows on the Qwen2 pair of `fixtures/demo-qwen` (q/k/v biases, a ChatML
+/// tokenizer, Qwen's chat template with `enable_thinking` passed through): the student samples
+/// its own completions, the teacher scores them, their KD is logged, and speculative decoding
+/// with the trained adapters still reproduces the teacher's greedy output.
+#[test]
+fn on_policy_rows_on_a_qwen_pair() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = fixtures().join("demo-qwen");
+    let config = SpeculatorConfig {
+        target_model: pair.join("teacher"),
+        draft_model: pair.join("student"),
+        max_samples: Some(40),
+        num_epochs: 1,
+        lora_r: 4,
+        lora_alpha: 8.0,
+        max_new_tokens: 16,
+        eval_max_new_tokens: 16,
+        eval_fraction: 0.2,
+        kd_weight: 1.0,
+        on_policy_ratio: 0.5,
+        on_policy_max_new_tokens: Some(8),
+        logging_steps: 1,
+        chat_template_kwargs: [("enable_thinking".to_string(), serde_json::json!(false))].into(),
+        ..small(dir.path())
+    };
+    let summary = run(&config, &mut Record::default()).unwrap();
+    let totals = summary.on_policy.clone().expect("on-policy totals");
+    assert!(
+        totals.rows > 0 && totals.rows < summary.prompts.1,
+        "{totals:?}"
+    );
+    assert!(
+        totals.generated_tokens > 0 && totals.scored_tokens > 0,
+        "{totals:?}"
+    );
+    let kd = logged(&dir.path().join("checkpoint-epoch-0"), "kd_on_policy");
+    assert!(
+        !kd.is_empty() && kd.iter().all(|v| v.is_finite() && *v >= 0.0),
+        "{kd:?}"
+    );
+    let after = summary
+        .acceptance
+        .expect("held-out prompts")
+        .after
+        .expect("after training");
+    assert_eq!(
+        after.greedy_identical_rows,
+        Some(after.prompts),
+        "{after:?}"
+    );
+}
+
 /// On-policy rows (λ = 0.5, the default objective TV distance) beside off-policy ones: the
 /// metrics keep them apart, and a run resumed from its epoch checkpoint samples what the
 /// uninterrupted run sampled and ends with the same bytes.
