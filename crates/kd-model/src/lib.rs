@@ -127,6 +127,42 @@ impl Llama {
         Ok(model)
     }
 
+    /// How [`load_for_inference`](Self::load_for_inference) would decode the model at
+    /// `path` on the CPU: for a GGUF file (or a directory holding one), how many of its
+    /// decoder projections (q, k, v, o, gate, up, down of every layer) are stored as Q8_0,
+    /// Q4_0 or Q4_1, which decoding reads packed, and how many there are. When all are, passes
+    /// of up to 32 rows run each layer on the host ([`with_host_layers`](Self::with_host_layers)).
+    /// `None` for a Hugging Face directory. Reads only the file's header.
+    pub fn packed_projections(path: impl AsRef<Path>) -> Result<Option<(usize, usize)>> {
+        let path = &resolve_model_path(path)?;
+        let Some(file) = gguf::gguf_path(path)? else {
+            return Ok(None);
+        };
+        let g = kd_gguf::GgufFile::open(&file)?;
+        let layers = gguf::config_from_gguf(&g)?.num_hidden_layers;
+        let names = [
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ];
+        let packed = (0..layers)
+            .flat_map(|l| names.map(|m| format!("blk.{l}.{m}.weight")))
+            .filter(|n| {
+                g.tensor(n).is_some_and(|t| {
+                    matches!(
+                        t.ty,
+                        kd_gguf::GgmlType::Q8_0 | kd_gguf::GgmlType::Q4_0 | kd_gguf::GgmlType::Q4_1
+                    )
+                })
+            })
+            .count();
+        Ok(Some((packed, layers * names.len())))
+    }
+
     /// Whether decoding reads packed GGUF blocks ([`load_for_inference`](Self::load_for_inference)).
     pub fn has_packed_weights(&self) -> bool {
         self.packed.is_some()

@@ -1,7 +1,7 @@
 //! The dry run: everything a run checks before reading weights, and a description of the
 //! run (sizes, steps, where files go).
 
-use kd_model::LlamaConfig;
+use kd_model::{Llama, LlamaConfig};
 
 use crate::config::{DraftMethod, SpeculatorConfig};
 use crate::error::Result;
@@ -156,12 +156,35 @@ fn target_line(config: &SpeculatorConfig, s: &Setup) -> String {
         ),
         (Some(url), None) => format!("{url} ({:?})", config.teacher_api),
         (None, Some(c)) => format!(
-            "{} on {}: {}",
+            "{} on {}: {}{}",
             config.target_model.display(),
             config.target_gpus,
-            params(c)
+            params(c),
+            decode_note(&config.target_model, &s.target_devices)
         ),
         (None, None) => unreachable!("setup requires a local target without a URL"),
+    }
+}
+
+/// How the target decodes, for a GGUF target on the CPU: from its packed blocks (each layer on
+/// the host when every projection is packed) or from f32 copies.
+fn decode_note(model: &std::path::Path, devices: &[burn::tensor::Device]) -> String {
+    if devices.first() != Some(&burn::tensor::Device::flex()) {
+        return String::new();
+    }
+    match Llama::packed_projections(model) {
+        Ok(Some((n, total))) if n == total => format!(
+            "; decodes from its {n} Q8_0/Q4 projections, each layer on the host in passes of \
+             up to 32 rows"
+        ),
+        Ok(Some((0, _))) => {
+            "; decodes from f32 copies (no Q8_0/Q4_0/Q4_1 projection in the file)".into()
+        }
+        Ok(Some((n, total))) => format!(
+            "; decodes {n} of its {total} projections from their Q8_0/Q4 blocks, the rest from \
+             f32 copies, each layer as tensor operations"
+        ),
+        _ => String::new(),
     }
 }
 

@@ -247,6 +247,13 @@ fn packed_decoding_equals_the_f32_model() {
     let f32_model = Llama::load(tiny_gguf(), &dev).unwrap();
     let packed = Llama::load_for_inference(tiny_gguf(), &dev).unwrap();
     assert!(packed.has_packed_weights() && !f32_model.has_packed_weights());
+    // make_gguf_golden.py's `tiny_type`: attn_v Q4_0, attn_output Q4_1 and ffn_up Q8_0 in each
+    // of the 3 layers; the rest F16, BF16, F32 or K-quants, so the layers stay Burn operations.
+    assert_eq!(
+        Llama::packed_projections(tiny_gguf()).unwrap(),
+        Some((9, 21))
+    );
+    assert!(!packed.host_layers());
     let g = json("tiny.json");
     let reference = Reference::load("gguf-tiny");
     // Up to 32 rows take the packed kernels: sequences of 5 and 17 tokens.

@@ -136,13 +136,21 @@ fn gguf_files_give_transformers_logits() {
 
 #[test]
 fn gguf_decoding_from_packed_blocks_equals_transformers_generate() {
-    // tiny-qwen2.gguf stores its projections as Q8_0: load_for_inference keeps the blocks and
-    // decodes from them (biases added after the packed product); tiny-qwen3.gguf is F32 (no
-    // blocks to keep: the f32 path, q/k norms in the KV-cached step).
+    // tiny-qwen2.gguf stores its projections as Q8_0 (make_tiny_qwens.py): load_for_inference
+    // keeps the blocks and decodes each layer on the host (biases added after the packed
+    // product); tiny-qwen3.gguf is F32 (no blocks to keep: the f32 path, q/k norms in the
+    // KV-cached step).
     for name in QWENS {
         let path = fixtures().join(format!("tiny-gguf/{name}.gguf"));
         let packed = Llama::load_for_inference(&path, &cpu()).unwrap();
         assert!(packed.has_packed_weights(), "{name}");
+        let (n, total) = Llama::packed_projections(&path).unwrap().unwrap();
+        let qwen2 = name == "tiny-qwen2";
+        assert_eq!(
+            (n, total),
+            (if qwen2 { total } else { 0 }, 7 * packed.layers.len())
+        );
+        assert_eq!(packed.host_layers(), qwen2, "{name}");
         let g = golden(&format!("gguf/{name}"));
         let ids = &g["generate.input_ids"];
         let mask = &g["generate.attention_mask"].i64;
