@@ -247,28 +247,7 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
             (dc, Some(dt))
         }
     };
-    if config.use_distillation
-        && let Some(tc) = &target_config
-    {
-        for (flag, layer, cfg) in [
-            (
-                "distill_draft_layer",
-                config.distill_draft_layer,
-                &draft_config,
-            ),
-            ("distill_target_layer", config.distill_target_layer, tc),
-        ] {
-            if let Some(l) = layer
-                && l > cfg.num_hidden_layers
-            {
-                return Err(PipelineError::Config(format!(
-                    "--{flag} {l}: the model has hidden states 0..={} (0 = embeddings, {} = after \
-                     the final norm)",
-                    cfg.num_hidden_layers, cfg.num_hidden_layers
-                )));
-            }
-        }
-    }
+    check_distill_layers(config, &draft_config, target_config.as_ref())?;
     let Some(tokenizer) = target_tokenizer.or(draft_tokenizer) else {
         unreachable!("a LoRA run reads the draft's tokenizer; an EAGLE-3 run the target's")
     };
@@ -297,6 +276,38 @@ pub fn setup(config: &SpeculatorConfig) -> Result<Setup> {
         prompts,
         warnings,
     })
+}
+
+/// With `--use_distillation`, the hidden states named by `--distill_draft_layer` and
+/// `--distill_target_layer` exist in their models.
+fn check_distill_layers(
+    config: &SpeculatorConfig,
+    draft_config: &LlamaConfig,
+    target_config: Option<&LlamaConfig>,
+) -> Result<()> {
+    if config.use_distillation
+        && let Some(tc) = target_config
+    {
+        for (flag, layer, cfg) in [
+            (
+                "distill_draft_layer",
+                config.distill_draft_layer,
+                draft_config,
+            ),
+            ("distill_target_layer", config.distill_target_layer, tc),
+        ] {
+            if let Some(l) = layer
+                && l > cfg.num_hidden_layers
+            {
+                return Err(PipelineError::Config(format!(
+                    "--{flag} {l}: the model has hidden states 0..={} (0 = embeddings, {} = after \
+                     the final norm)",
+                    cfg.num_hidden_layers, cfg.num_hidden_layers
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The EAGLE-3 settings that depend on the target: feature layers within its hidden states,

@@ -554,6 +554,20 @@ fn bad_inputs_are_clear_errors() {
     );
     let e = err(&small(&under));
     assert!(e.contains("output_dir") && e.contains("cannot be"), "{e}");
+    // A distillation layer beyond the model's hidden states: named with the valid range.
+    for (draft_layer, target_layer, flag) in [
+        (Some(99), None, "--distill_draft_layer 99"),
+        (None, Some(77), "--distill_target_layer 77"),
+    ] {
+        let config = SpeculatorConfig {
+            use_distillation: true,
+            distill_draft_layer: draft_layer,
+            distill_target_layer: target_layer,
+            ..small(&dir.path().join("distill"))
+        };
+        let e = kd_speculator::plan(&config).unwrap_err().to_string();
+        assert!(e.contains(flag) && e.contains("hidden states 0..="), "{e}");
+    }
 }
 
 /// Serves the demo target over SGLang's API; every request after the first `healthy` ones
