@@ -392,6 +392,13 @@ impl SpeculatorConfig {
 
     /// Checks every value; messages name the flag.
     pub fn validate(&self) -> Result<()> {
+        self.validate_counts_and_weights()?;
+        self.validate_ranges_and_combinations()
+    }
+
+    /// Counts at least 1, rates positive, weights ≥ 0, and at least one loss term on (an
+    /// EAGLE-3 run checks its own settings there instead, `validate_eagle3`).
+    fn validate_counts_and_weights(&self) -> Result<()> {
         let bad = |m: String| Err(PipelineError::Config(m));
         for (flag, v) in [
             ("batch_size", self.batch_size),
@@ -452,6 +459,12 @@ impl SpeculatorConfig {
                     .into(),
             );
         }
+        Ok(())
+    }
+
+    /// Ranges of the fractions and sampling settings, and the flags that exclude each other.
+    fn validate_ranges_and_combinations(&self) -> Result<()> {
+        let bad = |m: String| Err(PipelineError::Config(m));
         if !(0.0..1.0).contains(&self.warmup_ratio) {
             return bad(format!(
                 "--warmup_ratio must lie in [0, 1), got {}",
