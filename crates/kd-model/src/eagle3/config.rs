@@ -131,50 +131,7 @@ impl Eagle3Config {
             )
         })?;
         let target_hidden_size = size("target_hidden_size")?;
-        let three = |v: &Value, key: &str| -> Result<[usize; 3]> {
-            let ids: Option<Vec<usize>> = v
-                .as_array()
-                .and_then(|a| a.iter().map(|v| v.as_u64().map(|n| n as usize)).collect());
-            match ids.as_deref() {
-                Some(&[a, b, c]) => Ok([a, b, c]),
-                _ => Err(ModelError::config(
-                    path,
-                    key,
-                    "expected three layer indices (low, mid, high): `fc` reads three target \
-                     hidden states",
-                )),
-            }
-        };
-        // vLLM's key: Hugging Face indices (the input of layer i).
-        let top = match map.get("eagle_aux_hidden_state_layer_ids") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(three(v, "eagle_aux_hidden_state_layer_ids")?),
-        };
-        // SpecForge's and SGLang's: the output of layer i, Hugging Face's index i + 1.
-        let nested_key = "eagle_config.eagle_aux_hidden_state_layer_ids";
-        let nested = match map
-            .get("eagle_config")
-            .and_then(|c| c.get("eagle_aux_hidden_state_layer_ids"))
-        {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(three(v, nested_key)?.map(|i| i + 1)),
-        };
-        let aux_layers = match (top, nested) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(ModelError::config(
-                    path,
-                    nested_key,
-                    format!(
-                        "{:?} names the outputs of layers {:?}, but eagle_aux_hidden_state_layer_ids \
-                         names the inputs of layers {a:?}: they disagree (SpecForge's ids are \
-                         vLLM's minus one)",
-                        b.map(|i| i - 1),
-                        b.map(|i| i - 1)
-                    ),
-                ));
-            }
-            (a, b) => a.or(b),
-        };
+        let aux_layers = aux_layers(map, path)?;
         // The rest is a Llama configuration: read it as one, with the same checks.
         map.insert(
             "architectures".into(),
@@ -222,6 +179,55 @@ impl Eagle3Config {
             aux_layers,
             llama,
         })
+    }
+}
+
+/// The target layers whose hidden states an EAGLE-3 draft reads, as Hugging Face indices:
+/// vLLM's top-level `eagle_aux_hidden_state_layer_ids` (the input of layer i) or SpecForge's
+/// nested `eagle_config` key (the output of layer i, Hugging Face's i + 1); an error when both
+/// are given and disagree.
+fn aux_layers(map: &serde_json::Map<String, Value>, path: &Path) -> Result<Option<[usize; 3]>> {
+    let three = |v: &Value, key: &str| -> Result<[usize; 3]> {
+        let ids: Option<Vec<usize>> = v
+            .as_array()
+            .and_then(|a| a.iter().map(|v| v.as_u64().map(|n| n as usize)).collect());
+        match ids.as_deref() {
+            Some(&[a, b, c]) => Ok([a, b, c]),
+            _ => Err(ModelError::config(
+                path,
+                key,
+                "expected three layer indices (low, mid, high): `fc` reads three target \
+                 hidden states",
+            )),
+        }
+    };
+    // vLLM's key: Hugging Face indices (the input of layer i).
+    let top = match map.get("eagle_aux_hidden_state_layer_ids") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(three(v, "eagle_aux_hidden_state_layer_ids")?),
+    };
+    // SpecForge's and SGLang's: the output of layer i, Hugging Face's index i + 1.
+    let nested_key = "eagle_config.eagle_aux_hidden_state_layer_ids";
+    let nested = match map
+        .get("eagle_config")
+        .and_then(|c| c.get("eagle_aux_hidden_state_layer_ids"))
+    {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(three(v, nested_key)?.map(|i| i + 1)),
+    };
+    match (top, nested) {
+        (Some(a), Some(b)) if a != b => Err(ModelError::config(
+            path,
+            nested_key,
+            format!(
+                "{:?} names the outputs of layers {:?}, but eagle_aux_hidden_state_layer_ids \
+                 names the inputs of layers {a:?}: they disagree (SpecForge's ids are vLLM's \
+                 minus one)",
+                b.map(|i| i - 1),
+                b.map(|i| i - 1)
+            ),
+        )),
+        (a, b) => Ok(a.or(b)),
     }
 }
 
