@@ -193,6 +193,59 @@ fn min_size(ty: u32) -> Option<u64> {
     })
 }
 
+/// Tensor description `i`: name, dimensions, type and data offset, checked against the
+/// alignment, with its size in bytes.
+fn tensor_info(c: &mut Cursor<'_>, i: u64, alignment: u64) -> Result<TensorInfo> {
+    let name = c.string(&|| format!("tensor description {i}'s name"))?;
+    let what = || format!("tensor `{name}`");
+    let n_dims = c.u32(&what)?;
+    if !(1..=4).contains(&n_dims) {
+        return Err(c.invalid(&what, format!("{n_dims} dimensions (1 to 4 expected)")));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for _ in 0..n_dims {
+        dims.push(c.u64(&what)?);
+    }
+    let ty = GgmlType::from_id(c.u32(&what)?);
+    let offset = c.u64(&what)?;
+    if !offset.is_multiple_of(alignment) {
+        return Err(c.invalid(
+            &what,
+            format!("data offset {offset} is not a multiple of the alignment {alignment}"),
+        ));
+    }
+    let n = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| c.invalid(&what, format!("dimensions {dims:?} overflow")))?;
+    let size = match ty.block() {
+        None => 0,
+        Some((block, bytes)) => {
+            if !dims[0].is_multiple_of(block as u64) {
+                return Err(c.invalid(
+                    &what,
+                    format!(
+                        "rows of {} elements are not whole {}-element blocks of {}",
+                        dims[0],
+                        block,
+                        ty.name()
+                    ),
+                ));
+            }
+            (n / block as u64)
+                .checked_mul(bytes as u64)
+                .ok_or_else(|| c.invalid(&what, "size overflows".into()))?
+        }
+    };
+    Ok(TensorInfo {
+        name,
+        dims,
+        ty,
+        offset,
+        size,
+    })
+}
+
 impl GgufFile {
     /// Opens and parses a GGUF file; the tensor data stays mapped, not read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -274,57 +327,12 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         let mut index = BTreeMap::new();
         for i in 0..n_tensors {
-            let name = c.string(&|| format!("tensor description {i}'s name"))?;
-            let what = || format!("tensor `{name}`");
-            let n_dims = c.u32(&what)?;
-            if !(1..=4).contains(&n_dims) {
-                return Err(c.invalid(&what, format!("{n_dims} dimensions (1 to 4 expected)")));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(c.u64(&what)?);
-            }
-            let ty = GgmlType::from_id(c.u32(&what)?);
-            let offset = c.u64(&what)?;
-            if !offset.is_multiple_of(alignment) {
-                return Err(c.invalid(
-                    &what,
-                    format!("data offset {offset} is not a multiple of the alignment {alignment}"),
-                ));
-            }
-            let n = dims
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| c.invalid(&what, format!("dimensions {dims:?} overflow")))?;
-            let size = match ty.block() {
-                None => 0,
-                Some((block, bytes)) => {
-                    if !dims[0].is_multiple_of(block as u64) {
-                        return Err(c.invalid(
-                            &what,
-                            format!(
-                                "rows of {} elements are not whole {}-element blocks of {}",
-                                dims[0],
-                                block,
-                                ty.name()
-                            ),
-                        ));
-                    }
-                    (n / block as u64)
-                        .checked_mul(bytes as u64)
-                        .ok_or_else(|| c.invalid(&what, "size overflows".into()))?
-                }
-            };
-            if index.insert(name.clone(), tensors.len()).is_some() {
+            let info = tensor_info(&mut c, i, alignment)?;
+            let what = || format!("tensor `{}`", info.name);
+            if index.insert(info.name.clone(), tensors.len()).is_some() {
                 return Err(c.invalid(&what, "the name appears twice".into()));
             }
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ty,
-                offset,
-                size,
-            });
+            tensors.push(info);
         }
 
         let data_start = (c.pos as u64).next_multiple_of(alignment);
