@@ -140,17 +140,13 @@ impl Llama {
         };
         let g = kd_gguf::GgufFile::open(&file)?;
         let layers = gguf::config_from_gguf(&g)?.num_hidden_layers;
-        let names = [
-            "attn_q",
-            "attn_k",
-            "attn_v",
-            "attn_output",
-            "ffn_gate",
-            "ffn_up",
-            "ffn_down",
-        ];
+        let names: Vec<&str> = gguf::LAYER_MODULES
+            .iter()
+            .filter(|(_, hf)| hf.ends_with("_proj"))
+            .map(|(g, _)| *g)
+            .collect();
         let packed = (0..layers)
-            .flat_map(|l| names.map(|m| format!("blk.{l}.{m}.weight")))
+            .flat_map(|l| names.iter().map(move |m| format!("blk.{l}.{m}.weight")))
             .filter(|n| {
                 g.tensor(n).is_some_and(|t| {
                     matches!(

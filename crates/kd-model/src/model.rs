@@ -222,17 +222,17 @@ impl Llama {
     /// (`model.layers.{i}.self_attn.q_proj`, …), in checkpoint order.
     pub fn projections(&self) -> Vec<(String, &LoraLinear)> {
         let mut out = Vec::with_capacity(self.layers.len() * 7);
+        let names = [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ];
         for (i, l) in self.layers.iter().enumerate() {
-            let (a, m) = (&l.self_attn, &l.mlp);
-            for (name, p) in [
-                ("self_attn.q_proj", &a.q_proj),
-                ("self_attn.k_proj", &a.k_proj),
-                ("self_attn.v_proj", &a.v_proj),
-                ("self_attn.o_proj", &a.o_proj),
-                ("mlp.gate_proj", &m.gate_proj),
-                ("mlp.up_proj", &m.up_proj),
-                ("mlp.down_proj", &m.down_proj),
-            ] {
+            for (name, p) in names.into_iter().zip(l.projections()) {
                 out.push((format!("model.layers.{i}.{name}"), p));
             }
         }
@@ -454,10 +454,13 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             host::decode_layer(layer, &packs[i], &host[i], &mut xs, pass, (cache, i));
             if i + 1 < n_layers && wanted.contains(&(i + 1)) {
-                record(i + 1, &host_tensor(&xs, shape, pass.device));
+                record(
+                    i + 1,
+                    &Tensor::from_data(TensorData::new(xs.clone(), shape), pass.device),
+                );
             }
         }
-        host_tensor(&xs, shape, pass.device)
+        Tensor::from_data(TensorData::new(xs, shape), pass.device)
     }
 
     /// The host copies of every layer's norms and biases when a pass of `rows` rows decodes
@@ -473,10 +476,8 @@ impl Llama {
             && !weight.is_autodiff()
             && ops::applies(&weight.device(), weight.dtype())
             && self.layers.iter().all(|l| {
-                let (a, m) = (&l.self_attn, &l.mlp);
-                [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
-                    .into_iter()
-                    .chain([&m.gate_proj, &m.up_proj, &m.down_proj])
+                l.projections()
+                    .iter()
                     .all(|p| p.adapter.is_none() && !p.base.weight.is_require_grad())
             });
         applies.then_some(host)
@@ -512,11 +513,6 @@ impl Llama {
         }
         linear(x, weight.transpose(), None)
     }
-}
-
-/// An f32 tensor of `shape` holding `values`.
-fn host_tensor(values: &[f32], shape: [usize; 3], device: &burn::tensor::Device) -> Tensor<3> {
-    Tensor::from_data(TensorData::new(values.to_vec(), shape), device)
 }
 
 /// The untied LM head, stored as checkpoints store it: `[vocab, hidden]`.

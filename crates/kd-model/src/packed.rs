@@ -110,18 +110,7 @@ impl Packed {
         let layers = model
             .layers
             .iter()
-            .map(|l| {
-                let (a, m) = (&l.self_attn, &l.mlp);
-                [
-                    proj(&a.q_proj),
-                    proj(&a.k_proj),
-                    proj(&a.v_proj),
-                    proj(&a.o_proj),
-                    proj(&m.gate_proj),
-                    proj(&m.up_proj),
-                    proj(&m.down_proj),
-                ]
-            })
+            .map(|l| l.projections().map(proj))
             .collect();
         Self::with_host(layers, PackedMatrix::q8_0(model.lm_head_weight()), model)
     }

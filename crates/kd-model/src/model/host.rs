@@ -65,11 +65,12 @@ fn host_values<const D: usize>(t: &Tensor<D>) -> Option<Vec<f32>> {
 impl HostLayer {
     /// The host copies of `layer`'s norms and biases; `None` when one is not f32.
     pub(crate) fn of(layer: &DecoderLayer) -> Option<Self> {
-        let (a, m) = (&layer.self_attn, &layer.mlp);
+        let a = &layer.self_attn;
         let bias = |p: &LoraLinear| match &p.base.bias {
             Some(b) => host_values(&b.val()).map(Some),
             None => Some(None),
         };
+        let [q, k, v, o, gate, up, down] = layer.projections().map(bias);
         let qk = |n: Option<&RmsNorm>| match n {
             Some(n) => HostNorm::of(n).map(Some),
             None => Some(None),
@@ -79,15 +80,7 @@ impl HostLayer {
             post_norm: HostNorm::of(&layer.post_attention_layernorm)?,
             q_norm: qk(a.q_norm.as_ref())?,
             k_norm: qk(a.k_norm.as_ref())?,
-            biases: [
-                bias(&a.q_proj)?,
-                bias(&a.k_proj)?,
-                bias(&a.v_proj)?,
-                bias(&a.o_proj)?,
-                bias(&m.gate_proj)?,
-                bias(&m.up_proj)?,
-                bias(&m.down_proj)?,
-            ],
+            biases: [q?, k?, v?, o?, gate?, up?, down?],
         })
     }
 }
@@ -156,10 +149,11 @@ fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// `[b, s, heads, d]` ↔ `[b, heads, s, d]` (the same permutation both ways).
-fn swap_seq_heads(x: &[f32], b: usize, s: usize, heads: usize, d: usize) -> Vec<f32> {
+/// `[b, s, heads, d]` ↔ `[b, heads, s, d]` (the same permutation both ways); `x` itself when
+/// one of the two axes has length 1.
+fn swap_seq_heads(x: Vec<f32>, b: usize, s: usize, heads: usize, d: usize) -> Vec<f32> {
     if s == 1 || heads == 1 {
-        return x.to_vec();
+        return x;
     }
     let mut out = vec![0f32; x.len()];
     for bi in 0..b {
@@ -205,9 +199,9 @@ pub(crate) fn decode_layer(
 
     // [b, s, heads, d] → [b, heads, s, d], the layout of the cache and the attention kernel.
     let (q, k, v) = (
-        swap_seq_heads(&q, b, s, h, d),
-        swap_seq_heads(&k, b, s, kv, d),
-        swap_seq_heads(&v, b, s, kv, d),
+        swap_seq_heads(q, b, s, h, d),
+        swap_seq_heads(k, b, s, kv, d),
+        swap_seq_heads(v, b, s, kv, d),
     );
     let attend = |ks: &[f32], vs: &[f32], stride: usize, t: usize| {
         assert_eq!(
@@ -232,7 +226,7 @@ pub(crate) fn decode_layer(
                 .expect("the fused attention's output is f32")
         }
     };
-    let out = swap_seq_heads(&out, b, h, s, d);
+    let out = swap_seq_heads(out, b, h, s, d);
     let o = project(pk(3), &out, n, bias(3));
     for (xv, ov) in x.iter_mut().zip(&o) {
         *xv += ov;

@@ -197,6 +197,20 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// The layer's projections in checkpoint order: q, k, v, o, gate, up, down.
+    pub(crate) fn projections(&self) -> [&LoraLinear; 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &m.gate_proj,
+            &m.up_proj,
+            &m.down_proj,
+        ]
+    }
+
     #[allow(clippy::too_many_arguments)] // the per-call state of one layer, passed through
     pub(super) fn forward(
         &self,
