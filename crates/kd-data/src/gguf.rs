@@ -106,42 +106,8 @@ pub(crate) fn from_gguf(path: &Path) -> Result<GgufTokenizer> {
         )));
     }
 
-    let alphabet = byte_alphabet();
-    let spelled = |t: &str| t.chars().all(|c| alphabet.contains(&c));
-    let mut vocab = serde_json::Map::new();
-    for (id, t) in tokens.iter().enumerate() {
-        let key = if spelled(t) {
-            t.to_string()
-        } else {
-            t.bytes().map(|b| alphabet[b as usize]).collect()
-        };
-        vocab.insert(key, id.into());
-    }
-    let merges: Vec<Value> = merges
-        .iter()
-        .enumerate()
-        .map(|(i, m)| match m.split_once(' ') {
-            Some((a, b)) => Ok(json!([a, b])),
-            None => Err(DataError::Tokenizer(format!(
-                "{file}: `tokenizer.ggml.merges` entry {i} ({m:?}) is not two tokens separated \
-                 by a space"
-            ))),
-        })
-        .collect::<Result<_>>()?;
-
-    let mut added = Vec::new();
-    for (id, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
-        // A control token spelled outside the byte alphabet is a llama.cpp mislabel that
-        // transformers skips (adding it would grow the vocabulary).
-        let special = ty == CONTROL && spelled(t);
-        let user = ty == USER_DEFINED && vocab.contains_key(*t);
-        if special || user {
-            added.push(json!({
-                "id": id, "content": t, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": special,
-            }));
-        }
-    }
+    let (vocab, merges) = bpe_model(&tokens, &merges, &file)?;
+    let added = added_tokens(&tokens, &types, &vocab);
 
     let token_text = |key: &str| -> Result<Option<(String, u32)>> {
         let Some(id) = g
@@ -182,15 +148,7 @@ pub(crate) fn from_gguf(path: &Path) -> Result<GgufTokenizer> {
     }
 
     let pre = g.opt_str("tokenizer.ggml.pre").map_err(gguf_err)?;
-    let pre_tokenizer = match pre.and_then(split_regex) {
-        Some(regex) => json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
-        ]}),
-        None => json!({
-            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true,
-        }),
-    };
+    let pre_tokenizer = pre_tokenizer(pre);
     let post_processor = post_processor(
         bos.as_ref().filter(|_| add_bos),
         eos.as_ref().filter(|_| add_eos),
@@ -229,6 +187,77 @@ pub(crate) fn from_gguf(path: &Path) -> Result<GgufTokenizer> {
         special_tokens,
         add_bos_token: add_bos,
     })
+}
+
+/// The BPE model's vocabulary (each token spelled in GPT-2's byte alphabet) and merges.
+fn bpe_model(
+    tokens: &[&str],
+    merges: &[&str],
+    file: &std::path::Display<'_>,
+) -> Result<(serde_json::Map<String, Value>, Vec<Value>)> {
+    let alphabet = byte_alphabet();
+    let mut vocab = serde_json::Map::new();
+    for (id, t) in tokens.iter().enumerate() {
+        let key = if spelled(t, &alphabet) {
+            t.to_string()
+        } else {
+            t.bytes().map(|b| alphabet[b as usize]).collect()
+        };
+        vocab.insert(key, id.into());
+    }
+    let merges: Vec<Value> = merges
+        .iter()
+        .enumerate()
+        .map(|(i, m)| match m.split_once(' ') {
+            Some((a, b)) => Ok(json!([a, b])),
+            None => Err(DataError::Tokenizer(format!(
+                "{file}: `tokenizer.ggml.merges` entry {i} ({m:?}) is not two tokens separated \
+                 by a space"
+            ))),
+        })
+        .collect::<Result<_>>()?;
+    Ok((vocab, merges))
+}
+
+/// Whether a token is spelled in GPT-2's byte alphabet.
+fn spelled(t: &str, alphabet: &[char; 256]) -> bool {
+    t.chars().all(|c| alphabet.contains(&c))
+}
+
+/// The added tokens: control tokens (special) and user-defined ones (plain).
+fn added_tokens(
+    tokens: &[&str],
+    types: &[i64],
+    vocab: &serde_json::Map<String, Value>,
+) -> Vec<Value> {
+    let alphabet = byte_alphabet();
+    let mut added = Vec::new();
+    for (id, (t, &ty)) in tokens.iter().zip(types).enumerate() {
+        // A control token spelled outside the byte alphabet is a llama.cpp mislabel that
+        // transformers skips (adding it would grow the vocabulary).
+        let special = ty == CONTROL && spelled(t, &alphabet);
+        let user = ty == USER_DEFINED && vocab.contains_key(*t);
+        if special || user {
+            added.push(json!({
+                "id": id, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special,
+            }));
+        }
+    }
+    added
+}
+
+/// The pre-tokenizer: `tokenizer.ggml.pre`'s split regex then byte-level, or GPT-2's.
+fn pre_tokenizer(pre: Option<&str>) -> Value {
+    match pre.and_then(split_regex) {
+        Some(regex) => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+        ]}),
+        None => json!({
+            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true,
+        }),
+    }
 }
 
 /// transformers' `update_post_processor`: `bos $A eos` (each part when enabled).

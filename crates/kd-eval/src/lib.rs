@@ -36,6 +36,8 @@ mod error;
 mod plot;
 mod report;
 mod speculative;
+mod stats;
+mod verify;
 
 pub use draft::{DraftSession, Drafter, Eagle3Drafter, Prefill, RowOutcome, check_pair};
 pub use error::{EvalError, Result};
@@ -43,4 +45,5 @@ pub use plot::acceptance_svg;
 pub use report::{
     AcceptanceReport, EvalOptions, EvalPhase, evaluate, evaluate_across, expected_length,
 };
-pub use speculative::{SpecConfig, SpecOutput, SpecStats, speculative_generate};
+pub use speculative::{SpecConfig, SpecOutput, speculative_generate};
+pub use stats::SpecStats;

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::draft::Drafter;
 use crate::error::{EvalError, Result};
-use crate::speculative::{SpecConfig, SpecStats, speculative_generate};
+use crate::speculative::{SpecConfig, speculative_generate};
+use crate::stats::SpecStats;
 
 /// What [`evaluate`] measures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -15,15 +15,17 @@ use std::time::Instant;
 use burn::tensor::{Int, Tensor, TensorData};
 use kd_model::sampling::{argmax, distribution, sample_from};
 use kd_model::{
-    Completion, FinishReason, ForwardOptions, HiddenStates, Llama, PaddingSide, Sampling,
+    Completion, FinishReason, ForwardOptions, HiddenStates, KvCache, Llama, PaddingSide, Sampling,
     SeededPrompt, TokenBatch, to_host,
 };
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::draft::{Drafter, Prefill, RowOutcome, real_lengths};
+use crate::draft::{DraftSession, Drafter, Prefill, RowOutcome, real_lengths};
 use crate::error::{EvalError, Result};
+use crate::stats::SpecStats;
+use crate::verify::{choose, top_probability, verify_row};
 
 /// What [`speculative_generate`] does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,123 +59,6 @@ impl Default for SpecConfig {
     }
 }
 
-/// Counts gathered while decoding; [`SpecStats::merge`] adds runs together.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SpecStats {
-    /// Tokens drafted per verification.
-    pub k: usize,
-    /// Verifications (target forward passes over drafted tokens), summed over rows.
-    pub verify_steps: usize,
-    /// Drafted tokens (k per verification, fewer with `draft_p_min`).
-    pub drafted: usize,
-    /// Drafted tokens accepted.
-    pub accepted: usize,
-    /// Tokens emitted into completions (after cutting at stop tokens and the length limit).
-    pub emitted: usize,
-    /// `reached[i]`: verifications in which drafted position i was examined (every earlier
-    /// draft accepted).
-    pub reached: Vec<usize>,
-    /// `accepted_at[i]`: verifications in which drafted position i was accepted.
-    pub accepted_at: Vec<usize>,
-    /// Σ over examined positions of Σ_x min(p(x), q(x)) (see [`SpecStats::alpha`]).
-    pub alpha_sum: f64,
-    /// Examined positions where the argmax of p equals the argmax of q.
-    pub top1_agree: usize,
-    /// Positions examined (the denominator of α and top-1 agreement).
-    pub examined: usize,
-    /// Forward passes of the draft.
-    pub draft_forwards: usize,
-    /// Forward passes of the target.
-    pub target_forwards: usize,
-    /// Seconds in draft forward passes.
-    pub draft_seconds: f64,
-    /// Seconds in target forward passes.
-    pub target_seconds: f64,
-}
-
-impl SpecStats {
-    fn new(k: usize) -> Self {
-        Self {
-            k,
-            reached: vec![0; k],
-            accepted_at: vec![0; k],
-            ..Self::default()
-        }
-    }
-
-    /// Adds another run's counts (same k).
-    pub fn merge(&mut self, o: &Self) {
-        if self.reached.is_empty() {
-            self.k = o.k;
-            self.reached = vec![0; o.k];
-            self.accepted_at = vec![0; o.k];
-        }
-        self.verify_steps += o.verify_steps;
-        self.drafted += o.drafted;
-        self.accepted += o.accepted;
-        self.emitted += o.emitted;
-        for (a, b) in self.reached.iter_mut().zip(&o.reached) {
-            *a += b;
-        }
-        for (a, b) in self.accepted_at.iter_mut().zip(&o.accepted_at) {
-            *a += b;
-        }
-        self.alpha_sum += o.alpha_sum;
-        self.top1_agree += o.top1_agree;
-        self.examined += o.examined;
-        self.draft_forwards += o.draft_forwards;
-        self.target_forwards += o.target_forwards;
-        self.draft_seconds += o.draft_seconds;
-        self.target_seconds += o.target_seconds;
-    }
-
-    /// Accepted drafted tokens / drafted tokens.
-    pub fn acceptance_rate(&self) -> f64 {
-        ratio(self.accepted, self.drafted)
-    }
-
-    /// Drafted tokens accepted per verification (the bonus / correction token not counted).
-    pub fn mean_accepted_length(&self) -> f64 {
-        ratio(self.accepted, self.verify_steps)
-    }
-
-    /// Tokens gained per verification, counting the target's own token (the bonus after k
-    /// acceptances, or the correction at the first rejection): `mean_accepted_length + 1`.
-    pub fn mean_accepted_length_with_bonus(&self) -> f64 {
-        ratio(self.accepted + self.verify_steps, self.verify_steps)
-    }
-
-    /// P(position i accepted | every earlier position accepted), for i = 0..k.
-    pub fn per_position_acceptance(&self) -> Vec<f64> {
-        self.accepted_at
-            .iter()
-            .zip(&self.reached)
-            .map(|(a, r)| ratio(*a, *r))
-            .collect()
-    }
-
-    /// α = E[Σ_x min(p(x), q(x))] over the examined positions: the probability that
-    /// speculative *sampling* accepts a draft. With sampling, p and q are the warped
-    /// distributions decoding used; with greedy decoding they are the plain softmax at
-    /// temperature 1 (what sampling at T = 1 would accept).
-    pub fn alpha(&self) -> f64 {
-        if self.examined == 0 {
-            0.0
-        } else {
-            self.alpha_sum / self.examined as f64
-        }
-    }
-
-    /// Share of examined positions where the draft's argmax equals the target's.
-    pub fn top1_agreement(&self) -> f64 {
-        ratio(self.top1_agree, self.examined)
-    }
-}
-
-fn ratio(a: usize, b: usize) -> f64 {
-    if b == 0 { 0.0 } else { a as f64 / b as f64 }
-}
-
 /// Completions and the counts of the run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpecOutput {
@@ -191,15 +76,6 @@ struct Row {
     /// Tokens the target has not been fed yet (the whole prompt at first, then the last
     /// token).
     target_pending: Vec<u32>,
-}
-
-/// The next token from logits `z`: the argmax, or a draw from the warped distribution.
-fn choose(z: &[f32], sampling: &Sampling, rng: &mut ChaCha8Rng) -> u32 {
-    if sampling.is_greedy() {
-        argmax(z)
-    } else {
-        sample_from(&distribution(z, sampling), rng)
-    }
 }
 
 /// Appends `tokens` to a completion, cut at a stop token or the length limit; whether the
@@ -255,6 +131,42 @@ fn speculative_loop<D: Drafter + ?Sized>(
     draft.check_target(target)?;
     config.sampling.validate()?;
     target.check_prompts(prompts)?;
+    check_config(config)?;
+    let mut run = Run::new(target, draft.feature_layers().to_vec(), prompts, config);
+    if prompts.is_empty() || config.max_new_tokens == 0 {
+        return Ok(run.finish());
+    }
+    // A drafter that reads the target's features starts from the target's prefill: the
+    // target reads the prompts and chooses each row's first token.
+    let mut session = if run.layers.is_empty() {
+        let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
+        draft.start(&ids, None)?
+    } else {
+        let Some(prefill) = run.prefill()? else {
+            return Ok(run.finish());
+        };
+        let ids: Vec<&[u32]> = run.rows.iter().map(|r| prompts[r.out].ids).collect();
+        let started = Instant::now();
+        let session = draft.start(&ids, Some(prefill))?;
+        run.stats.draft_seconds += started.elapsed().as_secs_f64();
+        session
+    };
+    while !run.rows.is_empty() {
+        let proposal = run.propose(session.as_mut())?;
+        let scored = run.score(&proposal)?;
+        let round = run.judge(&proposal, &scored)?;
+        let started = Instant::now();
+        session.verified(&round.outcomes, round.features)?;
+        run.stats.draft_seconds += started.elapsed().as_secs_f64();
+        if !run.keep_rows(&round.active)? {
+            break;
+        }
+    }
+    Ok(run.finish())
+}
+
+/// Rejects a `k` of 0 and a `draft_p_min` outside [0, 1].
+fn check_config(config: &SpecConfig) -> Result<()> {
     if config.k == 0 {
         return Err(EvalError::Config(
             "k (tokens drafted per verification) must be at least 1".into(),
@@ -266,92 +178,165 @@ fn speculative_loop<D: Drafter + ?Sized>(
             config.draft_p_min
         )));
     }
-    let p_min = config.draft_p_min;
-    let k = config.k;
-    let vocab = target.config().vocab_size;
-    let stop = if config.stop_token_ids.is_empty() {
-        target.config().eos_token_ids.clone()
-    } else {
-        config.stop_token_ids.clone()
-    };
-    let mut stats = SpecStats::new(k);
-    let mut out: Vec<Completion> = prompts
-        .iter()
-        .map(|_| Completion {
-            ids: Vec::new(),
-            finish_reason: FinishReason::Length,
-            logprobs: None,
-        })
-        .collect();
-    if prompts.is_empty() || config.max_new_tokens == 0 {
-        return Ok(SpecOutput {
-            completions: out,
-            stats,
-        });
-    }
-    let mut rows: Vec<Row> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Row {
-            out: i,
-            rng: ChaCha8Rng::seed_from_u64(p.seed),
-            target_pending: p.ids.to_vec(),
-        })
-        .collect();
-    let mut target_cache = target.new_cache();
-    let sampling = config.sampling;
-    let greedy = sampling.is_greedy();
-    let t_pad = target.pad_id();
-    let layers = draft.feature_layers().to_vec();
-    let pass_options = |n: usize| ForwardOptions {
-        last_positions: Some(n),
-        hidden_states: if layers.is_empty() {
-            HiddenStates::None
-        } else {
-            HiddenStates::Layers(layers.clone())
-        },
-        ..ForwardOptions::default()
-    };
+    Ok(())
+}
 
-    // A drafter that reads the target's features starts from the target's prefill: the
-    // target reads the prompts and chooses each row's first token.
-    let mut session = if layers.is_empty() {
-        let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
-        draft.start(&ids, None)?
-    } else {
-        let pending: Vec<Vec<u32>> = rows.iter().map(|r| r.target_pending.clone()).collect();
-        let batch = TokenBatch::from_rows(&pending, t_pad, PaddingSide::Left);
+/// One decoding run: the rows still decoding, the target's cache, the completions and counts.
+struct Run<'a> {
+    target: &'a Llama,
+    config: &'a SpecConfig,
+    vocab: usize,
+    stop: Vec<u32>,
+    /// The target's hidden states the drafter reads (empty: none).
+    layers: Vec<usize>,
+    stats: SpecStats,
+    out: Vec<Completion>,
+    rows: Vec<Row>,
+    cache: KvCache,
+}
+
+/// What the draft proposed in one round, per row: a chain of up to k tokens, of which the
+/// first `drafted` are proposals (a row that stopped drafting runs on with the draft's argmax,
+/// since the draft is fed every row's previous token).
+struct Proposal {
+    chain: Vec<Vec<u32>>,
+    drafted: Vec<usize>,
+    /// The draft's logits of each step, `[rows · vocab]`.
+    logits: Vec<Vec<f32>>,
+    /// Sampling: each row's draft distributions q_1..q_drafted, kept for the verification.
+    probs: Vec<Vec<Vec<f32>>>,
+}
+
+/// The target's pass over each row's pending token and drafts (left-padded to the longest).
+struct Scored {
+    /// Drafts of the longest row: every row's pass returned its last `m + 1` positions.
+    m: usize,
+    /// Each row's cached length before the pass.
+    base: Vec<i64>,
+    /// `[rows · (m + 1) · vocab]`.
+    logits: Vec<f32>,
+    /// The target's features of the last `m + 1` positions, when the drafter reads them.
+    features: Option<Tensor<3>>,
+}
+
+/// What one round decided: each row's outcome, the features of its verified positions, and
+/// the rows that go on.
+struct Round {
+    outcomes: Vec<RowOutcome>,
+    features: Option<Vec<Tensor<3>>>,
+    active: Vec<usize>,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        target: &'a Llama,
+        layers: Vec<usize>,
+        prompts: &[SeededPrompt<'_>],
+        config: &'a SpecConfig,
+    ) -> Self {
+        let stop = if config.stop_token_ids.is_empty() {
+            target.config().eos_token_ids.clone()
+        } else {
+            config.stop_token_ids.clone()
+        };
+        let out = prompts
+            .iter()
+            .map(|_| Completion {
+                ids: Vec::new(),
+                finish_reason: FinishReason::Length,
+                logprobs: None,
+            })
+            .collect();
+        let rows = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Row {
+                out: i,
+                rng: ChaCha8Rng::seed_from_u64(p.seed),
+                target_pending: p.ids.to_vec(),
+            })
+            .collect();
+        Self {
+            target,
+            config,
+            vocab: target.config().vocab_size,
+            stop,
+            layers,
+            stats: SpecStats::new(config.k),
+            out,
+            rows,
+            cache: target.new_cache(),
+        }
+    }
+
+    fn finish(self) -> SpecOutput {
+        SpecOutput {
+            completions: self.out,
+            stats: self.stats,
+        }
+    }
+
+    /// A target pass that returns the last `n` positions (and the drafter's features).
+    fn pass_options(&self, n: usize) -> ForwardOptions {
+        ForwardOptions {
+            last_positions: Some(n),
+            hidden_states: if self.layers.is_empty() {
+                HiddenStates::None
+            } else {
+                HiddenStates::Layers(self.layers.clone())
+            },
+            ..ForwardOptions::default()
+        }
+    }
+
+    /// Appends `tokens` to row `out`'s completion; whether it is finished.
+    fn emit(&mut self, out: usize, tokens: impl IntoIterator<Item = u32>) -> bool {
+        emit(
+            &mut self.out[out],
+            tokens,
+            &self.stop,
+            self.config.max_new_tokens,
+            &mut self.stats,
+        )
+    }
+
+    /// The target reads the prompts and chooses each row's first token; the rows that go on
+    /// and their features over the prompt are what a feature-reading drafter starts from
+    /// (`None` when every row finished at its first token).
+    fn prefill(&mut self) -> Result<Option<Prefill>> {
+        let pending: Vec<Vec<u32>> = self.rows.iter().map(|r| r.target_pending.clone()).collect();
+        let batch = TokenBatch::from_rows(&pending, self.target.pad_id(), PaddingSide::Left);
         let started = Instant::now();
-        let mut pass = target.forward_cached(&batch, &mut target_cache, &pass_options(1))?;
+        let options = self.pass_options(1);
+        let mut pass = self
+            .target
+            .forward_cached(&batch, &mut self.cache, &options)?;
         let features = concat_features(std::mem::take(&mut pass.hidden_states));
         let logits = to_host(pass.into_logits()?);
-        stats.target_seconds += started.elapsed().as_secs_f64();
-        stats.target_forwards += 1;
-        let mut first = Vec::with_capacity(rows.len());
-        let mut active = Vec::with_capacity(rows.len());
-        for (r, row) in rows.iter_mut().enumerate() {
-            let tok = choose(&logits[r * vocab..(r + 1) * vocab], &sampling, &mut row.rng);
-            if !emit(
-                &mut out[row.out],
-                [tok],
-                &stop,
-                config.max_new_tokens,
-                &mut stats,
-            ) {
+        self.stats.target_seconds += started.elapsed().as_secs_f64();
+        self.stats.target_forwards += 1;
+        let vocab = self.vocab;
+        let mut first = Vec::with_capacity(self.rows.len());
+        let mut active = Vec::with_capacity(self.rows.len());
+        for r in 0..self.rows.len() {
+            let row = &mut self.rows[r];
+            let tok = choose(
+                &logits[r * vocab..(r + 1) * vocab],
+                &self.config.sampling,
+                &mut row.rng,
+            );
+            let out = row.out;
+            if !self.emit(out, [tok]) {
                 active.push(r);
                 first.push(tok);
-                row.target_pending = vec![tok];
+                self.rows[r].target_pending = vec![tok];
             }
         }
         if active.is_empty() {
-            return Ok(SpecOutput {
-                completions: out,
-                stats,
-            });
+            return Ok(None);
         }
         let features = features.expect("a drafter with feature layers gets features");
-        let features = if active.len() < rows.len() {
-            target_cache.retain_rows(&active)?;
+        let features = if active.len() < self.rows.len() {
             let idx = Tensor::<1, Int>::from_data(
                 TensorData::new(
                     active.iter().map(|r| *r as i64).collect::<Vec<_>>(),
@@ -359,32 +344,25 @@ fn speculative_loop<D: Drafter + ?Sized>(
                 ),
                 &features.device(),
             );
-            let mut old: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
-            rows = active
-                .iter()
-                .map(|r| old[*r].take().expect("each row is kept once"))
-                .collect();
+            self.keep_rows(&active)?;
             features.select(0, idx)
         } else {
             features
         };
-        let ids: Vec<&[u32]> = rows.iter().map(|r| prompts[r.out].ids).collect();
-        let started = Instant::now();
-        let session = draft.start(&ids, Some(Prefill { first, features }))?;
-        stats.draft_seconds += started.elapsed().as_secs_f64();
-        session
-    };
+        Ok(Some(Prefill { first, features }))
+    }
 
-    while !rows.is_empty() {
-        let n = rows.len();
-        // 1. The draft proposes up to k tokens per row, in a chain. A row whose draft is not
-        //    confident enough stops drafting; its chain goes on (the draft's argmax, no draw)
-        //    while other rows draft, since the draft is fed every row's previous token.
+    /// 1. The draft proposes up to k tokens per row, in a chain. A row whose draft is not
+    ///    confident enough stops drafting; its chain goes on (the draft's argmax, no draw)
+    ///    while other rows draft, since the draft is fed every row's previous token.
+    fn propose(&mut self, session: &mut dyn DraftSession) -> Result<Proposal> {
+        let (n, k, vocab) = (self.rows.len(), self.config.k, self.vocab);
+        let sampling = &self.config.sampling;
+        let p_min = self.config.draft_p_min;
         let mut chain: Vec<Vec<u32>> = vec![Vec::with_capacity(k); n];
         let mut drafted = vec![0usize; n];
         let mut open = vec![true; n];
         let mut draft_logits: Vec<Vec<f32>> = Vec::with_capacity(k);
-        // Sampling: each row's draft distributions q_1..q_k, kept for the verification.
         let mut draft_probs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
         for i in 0..k {
             if !open.contains(&true) {
@@ -397,20 +375,20 @@ fn speculative_loop<D: Drafter + ?Sized>(
             };
             let started = Instant::now();
             let logits = session.propose(i, &previous)?;
-            stats.draft_seconds += started.elapsed().as_secs_f64();
-            stats.draft_forwards += 1;
-            for (r, row) in rows.iter_mut().enumerate() {
+            self.stats.draft_seconds += started.elapsed().as_secs_f64();
+            self.stats.draft_forwards += 1;
+            for (r, row) in self.rows.iter_mut().enumerate() {
                 let z = &logits[r * vocab..(r + 1) * vocab];
                 let tok = if !open[r] {
                     argmax(z)
-                } else if greedy {
+                } else if sampling.is_greedy() {
                     let tok = argmax(z);
                     if p_min > 0.0 && top_probability(z) < p_min {
                         open[r] = false;
                     }
                     tok
                 } else {
-                    let q = distribution(z, &sampling);
+                    let q = distribution(z, sampling);
                     if q.iter().copied().fold(0.0, f32::max) < p_min {
                         open[r] = false;
                         argmax(z)
@@ -427,101 +405,85 @@ fn speculative_loop<D: Drafter + ?Sized>(
             }
             draft_logits.push(logits);
         }
+        Ok(Proposal {
+            chain,
+            drafted,
+            logits: draft_logits,
+            probs: draft_probs,
+        })
+    }
 
-        // 2. The target scores the pending tokens and every row's drafts in one pass (rows
-        //    left-padded to the longest).
-        let m = drafted.iter().copied().max().unwrap_or(0);
-        let target_base: Vec<i64> = real_lengths(&target_cache, n);
-        let verify: Vec<Vec<u32>> = rows
+    /// 2. The target scores the pending tokens and every row's drafts in one pass (rows
+    ///    left-padded to the longest).
+    fn score(&mut self, proposal: &Proposal) -> Result<Scored> {
+        let n = self.rows.len();
+        let m = proposal.drafted.iter().copied().max().unwrap_or(0);
+        let base = real_lengths(&self.cache, n);
+        let verify: Vec<Vec<u32>> = self
+            .rows
             .iter()
-            .zip(&chain)
-            .zip(&drafted)
+            .zip(&proposal.chain)
+            .zip(&proposal.drafted)
             .map(|((r, c), d)| r.target_pending.iter().chain(&c[..*d]).copied().collect())
             .collect();
-        let batch = TokenBatch::from_rows(&verify, t_pad, PaddingSide::Left);
+        let batch = TokenBatch::from_rows(&verify, self.target.pad_id(), PaddingSide::Left);
         let started = Instant::now();
-        let mut pass = target.forward_cached(&batch, &mut target_cache, &pass_options(m + 1))?;
+        let options = self.pass_options(m + 1);
+        let mut pass = self
+            .target
+            .forward_cached(&batch, &mut self.cache, &options)?;
         let features = concat_features(std::mem::take(&mut pass.hidden_states)).map(|f| {
             let [b, s, d] = f.dims();
             f.slice([0..b, s - (m + 1)..s, 0..d])
         });
-        let target_logits = to_host(pass.into_logits()?);
-        stats.target_seconds += started.elapsed().as_secs_f64();
-        stats.target_forwards += 1;
+        let logits = to_host(pass.into_logits()?);
+        self.stats.target_seconds += started.elapsed().as_secs_f64();
+        self.stats.target_forwards += 1;
+        Ok(Scored {
+            m,
+            base,
+            logits,
+            features,
+        })
+    }
 
-        // 3. Accept, correct or add the bonus token; roll both caches back.
+    /// 3. Accept, correct or add the bonus token, emit, and roll the target's cache back.
+    fn judge(&mut self, proposal: &Proposal, scored: &Scored) -> Result<Round> {
+        let (n, m, vocab) = (self.rows.len(), scored.m, self.vocab);
         let mut keep_target = Vec::with_capacity(n);
         let mut outcomes = Vec::with_capacity(n);
-        let mut still_active = Vec::with_capacity(n);
-        let mut row_features = features.as_ref().map(|_| Vec::with_capacity(n));
-        for (r, row) in rows.iter_mut().enumerate() {
+        let mut active = Vec::with_capacity(n);
+        let mut features = scored.features.as_ref().map(|_| Vec::with_capacity(n));
+        for r in 0..n {
             // Row r's pending token sits m − drafted[r] positions into the last m + 1.
-            let offset = m - drafted[r];
-            let p_at = |i: usize| {
-                let at = (r * (m + 1) + offset + i) * vocab;
-                &target_logits[at..at + vocab]
-            };
-            let drafts = &chain[r][..drafted[r]];
-            let q_at = |i: usize| &draft_logits[i][r * vocab..(r + 1) * vocab];
-            let mut accepted = 0;
-            let mut next = None;
-            for (i, &d) in drafts.iter().enumerate() {
-                let (zp, zq) = (p_at(i), q_at(i));
-                stats.reached[i] += 1;
-                stats.examined += 1;
-                if argmax(zp) == argmax(zq) {
-                    stats.top1_agree += 1;
-                }
-                let ok = if greedy {
-                    stats.alpha_sum += overlap(&softmax(zp), &softmax(zq));
-                    argmax(zp) == d
-                } else {
-                    let (p, q) = (distribution(zp, &sampling), &draft_probs[r][i]);
-                    stats.alpha_sum += overlap(&p, q);
-                    let (pd, qd) = (p[d as usize], q[d as usize]);
-                    let u: f32 = row.rng.random();
-                    // q(d) > 0: d was drawn from q.
-                    let ok = u < (pd / qd).min(1.0);
-                    if !ok {
-                        next = Some(residual_sample(&p, q, &mut row.rng));
-                    }
-                    ok
-                };
-                if ok {
-                    accepted += 1;
-                    stats.accepted_at[i] += 1;
-                } else {
-                    if greedy {
-                        next = Some(argmax(zp));
-                    }
-                    break;
-                }
-            }
-            let next = next.unwrap_or_else(|| choose(p_at(drafts.len()), &sampling, &mut row.rng));
-            stats.verify_steps += 1;
-            stats.drafted += drafts.len();
-            stats.accepted += accepted;
-            if let (Some(all), Some(f)) = (&features, &mut row_features) {
+            let offset = m - proposal.drafted[r];
+            let p = &scored.logits[(r * (m + 1) + offset) * vocab..(r + 1) * (m + 1) * vocab];
+            let drafts = &proposal.chain[r][..proposal.drafted[r]];
+            let row = &mut self.rows[r];
+            let (accepted, next) = verify_row(
+                drafts,
+                p,
+                |i| &proposal.logits[i][r * vocab..(r + 1) * vocab],
+                &proposal.probs[r],
+                &self.config.sampling,
+                &mut row.rng,
+                &mut self.stats,
+            );
+            if let (Some(all), Some(f)) = (&scored.features, &mut features) {
                 let [_, _, d] = all.dims();
                 f.push(
                     all.clone()
                         .slice([r..r + 1, offset..offset + accepted + 1, 0..d]),
                 );
             }
-
             // Emit the accepted drafts and the target's token, cut at stop / length.
             let tokens: Vec<u32> = drafts[..accepted].iter().copied().chain([next]).collect();
-            let done = emit(
-                &mut out[row.out],
-                tokens.iter().copied(),
-                &stop,
-                config.max_new_tokens,
-                &mut stats,
-            );
-            keep_target.push(target_base[r] + row.target_pending.len() as i64 + accepted as i64);
+            let pending = row.target_pending.len();
+            let done = self.emit(self.rows[r].out, tokens.iter().copied());
+            keep_target.push(scored.base[r] + pending as i64 + accepted as i64);
             if !done {
-                still_active.push(r);
-                row.target_pending = vec![next];
+                active.push(r);
+                self.rows[r].target_pending = vec![next];
             }
             outcomes.push(RowOutcome {
                 accepted,
@@ -529,60 +491,32 @@ fn speculative_loop<D: Drafter + ?Sized>(
                 done,
             });
         }
-        target_cache.truncate(&keep_target)?;
-        let started = Instant::now();
-        session.verified(&outcomes, row_features)?;
-        stats.draft_seconds += started.elapsed().as_secs_f64();
-        if still_active.len() < n {
-            if still_active.is_empty() {
-                break;
-            }
-            target_cache.retain_rows(&still_active)?;
-            let mut old: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
-            rows = still_active
-                .iter()
-                .map(|r| old[*r].take().expect("each row is kept once"))
-                .collect();
+        self.cache.truncate(&keep_target)?;
+        Ok(Round {
+            outcomes,
+            features,
+            active,
+        })
+    }
+
+    /// Keeps the rows `active` (indices into the current rows, ascending) and their cache
+    /// rows; whether any row goes on.
+    fn keep_rows(&mut self, active: &[usize]) -> Result<bool> {
+        if active.len() == self.rows.len() {
+            return Ok(true);
         }
+        if active.is_empty() {
+            return Ok(false);
+        }
+        self.cache.retain_rows(active)?;
+        let mut old: Vec<Option<Row>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.rows = active
+            .iter()
+            .map(|r| old[*r].take().expect("each row is kept once"))
+            .collect();
+        Ok(true)
     }
-    Ok(SpecOutput {
-        completions: out,
-        stats,
-    })
-}
-
-/// The largest probability of softmax(z) at temperature 1.
-fn top_probability(z: &[f32]) -> f32 {
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    1.0 / z.iter().map(|v| (v - max).exp()).sum::<f32>()
-}
-
-/// softmax(z) at temperature 1.
-fn softmax(z: &[f32]) -> Vec<f32> {
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut e: Vec<f32> = z.iter().map(|v| (v - max).exp()).collect();
-    let s: f32 = e.iter().sum();
-    for v in &mut e {
-        *v /= s;
-    }
-    e
-}
-
-/// Σ_x min(p(x), q(x)).
-fn overlap(p: &[f32], q: &[f32]) -> f64 {
-    p.iter().zip(q).map(|(a, b)| a.min(*b) as f64).sum()
-}
-
-/// A draw from norm(max(0, p − q)); from p itself when the residual has no mass (p ≤ q
-/// everywhere up to rounding, which makes a rejection all but impossible).
-fn residual_sample(p: &[f32], q: &[f32], rng: &mut ChaCha8Rng) -> u32 {
-    let mut r: Vec<f32> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
-    let total: f32 = r.iter().sum();
-    if total <= 0.0 || !total.is_finite() {
-        return sample_from(p, rng);
-    }
-    for v in &mut r {
-        *v /= total;
-    }
-    sample_from(&r, rng)
 }

@@ -147,17 +147,29 @@ pub fn save_peft(
 
 /// Reads a PEFT LoRA adapter directory (written by PEFT or by [`save_peft`]).
 pub fn load_peft(dir: &Path) -> Result<PeftAdapter> {
-    let cfg_path = dir.join(ADAPTER_CONFIG);
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoraError::Io {
-        path: cfg_path.clone(),
+    let (config, base_model) = read_adapter_config(&dir.join(ADAPTER_CONFIG))?;
+    let modules = read_adapter_weights(&dir.join(ADAPTER_WEIGHTS), config.r)?;
+    Ok(PeftAdapter {
+        config,
+        base_model,
+        modules,
+    })
+}
+
+/// `adapter_config.json`: the LoRA configuration and the base model's name; anything PEFT
+/// can write that this crate does not apply (DoRA, transposed adapters, biases, per-module
+/// ranks) is an error naming the field.
+fn read_adapter_config(cfg_path: &Path) -> Result<(LoraConfig, Option<String>)> {
+    let text = std::fs::read_to_string(cfg_path).map_err(|e| LoraError::Io {
+        path: cfg_path.to_path_buf(),
         source: e,
     })?;
     let v: Value = serde_json::from_str(&text).map_err(|e| LoraError::Format {
-        path: cfg_path.clone(),
+        path: cfg_path.to_path_buf(),
         message: format!("invalid JSON: {e}"),
     })?;
     let bad = |field: &str, msg: &str| LoraError::Format {
-        path: cfg_path.clone(),
+        path: cfg_path.to_path_buf(),
         message: format!("field `{field}`: {msg}"),
     };
     match v.get("peft_type").and_then(Value::as_str) {
@@ -218,75 +230,57 @@ pub fn load_peft(dir: &Path) -> Result<PeftAdapter> {
             .and_then(Value::as_bool)
             .unwrap_or(false),
     };
+    let base_model = v
+        .get("base_model_name_or_path")
+        .and_then(Value::as_str)
+        .map(String::from);
+    Ok((config, base_model))
+}
 
-    let w_path = dir.join(ADAPTER_WEIGHTS);
-    let bytes = std::fs::read(&w_path).map_err(|e| LoraError::Io {
-        path: w_path.clone(),
+/// A tensor's shape and values, read as f32.
+type Part = (Vec<usize>, Vec<f32>);
+
+/// `adapter_model.safetensors`: every module's rank-`r` A and B, paired by module path.
+fn read_adapter_weights(w_path: &Path, r: usize) -> Result<BTreeMap<String, PeftWeights>> {
+    let format = |message: String| LoraError::Format {
+        path: w_path.to_path_buf(),
+        message,
+    };
+    let bytes = std::fs::read(w_path).map_err(|e| LoraError::Io {
+        path: w_path.to_path_buf(),
         source: e,
     })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| LoraError::Format {
-        path: w_path.clone(),
-        message: format!("invalid safetensors file: {e}"),
-    })?;
-    let mut a_parts: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
-    let mut b_parts: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| format(format!("invalid safetensors file: {e}")))?;
+    let mut a_parts: BTreeMap<String, Part> = BTreeMap::new();
+    let mut b_parts: BTreeMap<String, Part> = BTreeMap::new();
     for (name, view) in st.tensors() {
-        let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => view
-                .data()
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => view
-                .data()
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(LoraError::Format {
-                    path: w_path.clone(),
-                    message: format!("tensor `{name}` has dtype {other:?}"),
-                });
-            }
-        };
+        let values = f32_values(&view)
+            .ok_or_else(|| format(format!("tensor `{name}` has dtype {:?}", view.dtype())))?;
         let stripped = name.strip_prefix(PREFIX).unwrap_or(&name);
         // PEFT names adapters: `.lora_A.weight` (saved) or `.lora_A.default.weight`.
-        let (module, which) = if let Some(m) = stripped
+        let (module, parts) = if let Some(m) = stripped
             .strip_suffix(".lora_A.weight")
             .or_else(|| stripped.strip_suffix(".lora_A.default.weight"))
         {
-            (m, 'A')
+            (m, &mut a_parts)
         } else if let Some(m) = stripped
             .strip_suffix(".lora_B.weight")
             .or_else(|| stripped.strip_suffix(".lora_B.default.weight"))
         {
-            (m, 'B')
+            (m, &mut b_parts)
         } else {
-            return Err(LoraError::Format {
-                path: w_path.clone(),
-                message: format!(
-                    "unexpected tensor `{name}`: only LoRA A/B weights are supported (no biases, no modules_to_save)"
-                ),
-            });
+            return Err(format(format!(
+                "unexpected tensor `{name}`: only LoRA A/B weights are supported (no biases, no modules_to_save)"
+            )));
         };
-        let entry = (view.shape().to_vec(), values);
-        if which == 'A' {
-            a_parts.insert(module.to_string(), entry);
-        } else {
-            b_parts.insert(module.to_string(), entry);
-        }
+        parts.insert(module.to_string(), (view.shape().to_vec(), values));
     }
     let mut modules = BTreeMap::new();
     for (module, (a_shape, a)) in a_parts {
-        let (b_shape, b) = b_parts.remove(&module).ok_or_else(|| LoraError::Format {
-            path: w_path.clone(),
-            message: format!("`{module}` has lora_A but no lora_B"),
-        })?;
+        let (b_shape, b) = b_parts
+            .remove(&module)
+            .ok_or_else(|| format(format!("`{module}` has lora_A but no lora_B")))?;
         if a_shape.len() != 2 || b_shape.len() != 2 || a_shape[0] != r || b_shape[1] != r {
             return Err(LoraError::Shape(format!(
                 "`{module}`: lora_A {a_shape:?} and lora_B {b_shape:?} do not form a rank-{r} adapter"
@@ -304,17 +298,27 @@ pub fn load_peft(dir: &Path) -> Result<PeftAdapter> {
         );
     }
     if let Some(module) = b_parts.keys().next() {
-        return Err(LoraError::Format {
-            path: w_path,
-            message: format!("`{module}` has lora_B but no lora_A"),
-        });
+        return Err(format(format!("`{module}` has lora_B but no lora_A")));
     }
-    Ok(PeftAdapter {
-        config,
-        base_model: v
-            .get("base_model_name_or_path")
-            .and_then(Value::as_str)
-            .map(String::from),
-        modules,
+    Ok(modules)
+}
+
+/// A safetensors tensor's values as f32 (from f32, bf16 or f16); `None` for other dtypes.
+fn f32_values(view: &safetensors::tensor::TensorView<'_>) -> Option<Vec<f32>> {
+    let data = view.data();
+    Some(match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => return None,
     })
 }

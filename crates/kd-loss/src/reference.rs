@@ -57,7 +57,6 @@ pub(crate) fn kd(
     scale: f32,
     cfg: &KdConfig,
 ) -> (Tensor<1>, BatchStats) {
-    let [rows, _vocab] = student.dims();
     let device = student.device();
     let is = 1.0 / cfg.kd_temperature;
     let it = 1.0 / (cfg.kd_temperature * cfg.teacher_temperature);
@@ -113,11 +112,29 @@ pub(crate) fn kd(
     let q = zero(lq.clone().exp());
     let p = zero(lp.clone().exp());
 
+    let per_row = divergence(cfg, [&p, &q, &lp, &lq], &support);
+    let per_row: Tensor<1> = per_row.squeeze_dim(1);
+
+    let counted: Vec<bool> = mask.iter().zip(&bad).map(|(m, b)| *m && !b).collect();
+    let w = weights(&counted, &device);
+    let loss = (per_row.clone() * w.clone()).sum() * scale;
+
+    let stats = kd_stats(per_row, w, (&p, &q), (zs, zt), mask, &bad);
+    (loss, stats)
+}
+
+/// Each row's divergence `[rows, 1]` of the configured objective between the teacher's p and
+/// the student's q over the support (`lp`, `lq`: their logs, 0 outside the support).
+fn divergence(
+    cfg: &KdConfig,
+    [p, q, lp, lq]: [&Tensor<2>; 4],
+    support: &Tensor<2, Bool>,
+) -> Tensor<2> {
     let lam = cfg.skew_lambda;
     let fkl = || (p.clone() * (lp.clone() - lq.clone())).sum_dim(1);
     let rkl = || (q.clone() * (lq.clone() - lp.clone())).sum_dim(1);
     let safe_log = |m: Tensor<2>| m.mask_fill(support.clone().bool_not(), 1.0).log();
-    let per_row = match cfg.objective {
+    match cfg.objective {
         KdObjective::ForwardKl => fkl(),
         KdObjective::ReverseKl => rkl(),
         KdObjective::SkewedForwardKl => {
@@ -156,14 +173,20 @@ pub(crate) fn kd(
                 (g_tail / denom.mask_fill(zero_denom.clone(), 1.0)).mask_fill(zero_denom, 0.5);
             w_head * fkl() + w_tail * rkl()
         }
-    };
-    let per_row: Tensor<1> = per_row.squeeze_dim(1);
+    }
+}
 
-    let counted: Vec<bool> = mask.iter().zip(&bad).map(|(m, b)| *m && !b).collect();
-    let w = weights(&counted, &device);
-    let loss = (per_row.clone() * w.clone()).sum() * scale;
-
-    // Statistics (no gradient).
+/// The batch's statistics (no gradient): summed row losses, acceptance Σ min(p, q), top-1
+/// agreement, counted and non-finite rows.
+fn kd_stats(
+    per_row: Tensor<1>,
+    w: Tensor<1>,
+    (p, q): (&Tensor<2>, &Tensor<2>),
+    (zs, zt): (Tensor<2>, Tensor<2>),
+    mask: &[bool],
+    bad: &[bool],
+) -> BatchStats {
+    let rows = per_row.dims()[0];
     let row_loss: Vec<f32> = (per_row.without_autodiff() * w.clone().without_autodiff())
         .into_data()
         .try_into_vec_as::<f32>()
@@ -200,7 +223,7 @@ pub(crate) fn kd(
         stats.acceptance_sum += acceptance[r] as f64;
         stats.top1 += (top_s[r] == top_t[r]) as usize;
     }
-    (loss, stats)
+    stats
 }
 
 /// Cross-entropy `Σ_counted −log softmax(z)[target] · scale`.

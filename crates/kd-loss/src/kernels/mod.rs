@@ -3,6 +3,7 @@
 
 pub use kd_kernels::math;
 pub mod row;
+mod terms;
 
 use rayon::prelude::*;
 

@@ -9,6 +9,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::math::{LANES, exp, ln, max, sum_map, sum_map2};
+use super::terms::{Fkl, Js, Rkl, SkewedFkl, SkewedRkl, Term, Tv};
 use crate::config::{KdObjective, SparseStudent};
 
 /// Constant parameters of a KD kernel call.
@@ -118,75 +119,6 @@ fn argmax(xs: &[f32]) -> usize {
 fn log_sum_exp(xs: &[f32], max: f32, inv_t: f32) -> f32 {
     ln(sum_map(xs, |x| exp((x - max) * inv_t)))
 }
-
-/// One objective's per-entry loss term and c = q·∂L/∂q, monomorphised into the hot loop.
-trait Term {
-    fn term(lam: f32, p: f32, q: f32, lp: f32, lq: f32) -> (f32, f32);
-}
-
-macro_rules! objective_term {
-    ($name:ident, |$lam:ident, $p:ident, $q:ident, $lp:ident, $lq:ident| $body:block) => {
-        struct $name;
-        impl Term for $name {
-            #[inline(always)]
-            #[allow(unused_variables)]
-            fn term($lam: f32, $p: f32, $q: f32, $lp: f32, $lq: f32) -> (f32, f32) $body
-        }
-    };
-}
-
-const EPS: f32 = 1e-9;
-
-objective_term!(Fkl, |lam, p, q, lp, lq| {
-    let t = if p > 0.0 { p * (lp - lq) } else { 0.0 };
-    (t, -p)
-});
-objective_term!(Rkl, |lam, p, q, lp, lq| {
-    let t = if q > 0.0 { q * (lq - lp) } else { 0.0 };
-    let c = if q > 0.0 { q * (lq - lp + 1.0) } else { 0.0 };
-    (t, c)
-});
-objective_term!(SkewedFkl, |lam, p, q, lp, lq| {
-    let m = lam * p + (1.0 - lam) * q;
-    let t = if p > 0.0 { p * (lp - ln(m)) } else { 0.0 };
-    let c = if m > 0.0 {
-        -(1.0 - lam) * p * q / m
-    } else {
-        0.0
-    };
-    (t, c)
-});
-objective_term!(SkewedRkl, |lam, p, q, lp, lq| {
-    let m = (1.0 - lam) * p + lam * q;
-    let lm = ln(m);
-    let t = if q > 0.0 { q * (lq - lm) } else { 0.0 };
-    let c = if q > 0.0 {
-        q * (lq + 1.0 - lm - lam * q / m)
-    } else {
-        0.0
-    };
-    (t, c)
-});
-objective_term!(Js, |lam, p, q, lp, lq| {
-    let m = 0.5 * (p + q);
-    let lm = ln(m + EPS);
-    let lqe = ln(q + EPS);
-    let t = 0.5 * p * (ln(p + EPS) - lm) + 0.5 * q * (lqe - lm);
-    // ∂L/∂q = ½[−p/(2(m+ε))] + ½[ln(q+ε) − ln(m+ε) + q/(q+ε) − q/(2(m+ε))]
-    let dq = -0.25 * p / (m + EPS) + 0.5 * (lqe - lm + q / (q + EPS) - 0.5 * q / (m + EPS));
-    (t, q * dq)
-});
-objective_term!(Tv, |lam, p, q, lp, lq| {
-    let d = q - p;
-    let sign = if d > 0.0 {
-        1.0
-    } else if d < 0.0 {
-        -1.0
-    } else {
-        0.0
-    };
-    (0.5 * d.abs(), 0.5 * q * sign)
-});
 
 /// Sums of one objective pass.
 #[derive(Default, Clone, Copy)]
@@ -355,48 +287,13 @@ pub fn kd_row(
     let full_mode = params.topk == 0 && matches!(teacher, TeacherRow::Full(_));
     let masked = s_neg_inf || t_neg_inf;
     let Scratch { s, t, idx, .. } = scratch;
-    let (zs, zt): (&[f32], &[f32]) = match teacher {
-        TeacherRow::Full(tf) if full_mode => {
-            if masked {
-                // Entries −∞ on either side leave the support of both.
-                s.clear();
-                t.clear();
-                for (a, b) in student.iter().zip(tf) {
-                    let out = *a == f32::NEG_INFINITY || *b == f32::NEG_INFINITY;
-                    s.push(if out { f32::NEG_INFINITY } else { *a });
-                    t.push(if out { f32::NEG_INFINITY } else { *b });
-                }
-                (&s[..], &t[..])
-            } else {
-                (student, tf)
-            }
-        }
-        TeacherRow::Full(tf) => {
-            let k = params.topk.min(tf.len());
-            idx.clear();
-            idx.extend(0..tf.len() as u32);
-            if k < tf.len() {
-                idx.select_nth_unstable_by(k, |a, b| tf[*b as usize].total_cmp(&tf[*a as usize]));
-                idx.truncate(k);
-            }
-            idx.sort_unstable_by(|a, b| tf[*b as usize].total_cmp(&tf[*a as usize]).then(a.cmp(b)));
-            gather(student, tf, idx, s, t);
-            (&s[..], &t[..])
-        }
-        TeacherRow::Sparse { indices, values } => {
-            idx.clear();
-            idx.extend_from_slice(indices);
-            s.clear();
-            t.clear();
-            for (i, v) in indices.iter().zip(values) {
-                let a = student[*i as usize];
-                let out = a == f32::NEG_INFINITY || *v == f32::NEG_INFINITY;
-                s.push(if out { f32::NEG_INFINITY } else { a });
-                t.push(if out { f32::NEG_INFINITY } else { *v });
-            }
-            (&s[..], &t[..])
-        }
-    };
+    let (zs, zt) = aligned(
+        params,
+        student,
+        teacher,
+        (full_mode, masked),
+        (s, t, &mut *idx),
+    );
     let sparse = !full_mode;
     let n = zs.len();
     let ms = if sparse || masked { max(zs) } else { ms_full };
@@ -451,20 +348,7 @@ pub fn kd_row(
         d,
     };
     let (loss, c_sum, acceptance) = if params.objective == KdObjective::AdaptiveKl {
-        // FKL pass (c = −p) plus p and lq − lp for the RKL half.
-        let sums = objective_pass::<Fkl, true>(zs, zt, norms, 0.0, &mut bufs);
-        let PassBuffers { q, c, p, d, .. } = bufs;
-        let (q, c, p, d) = (&q[..n], &mut c[..n], &p[..n], &d[..n]);
-        let fkl = sums.loss;
-        let rkl = sum_map2(q, d, |q, d| q * d);
-        pairs.clear();
-        pairs.extend(p.iter().zip(q).map(|(p, q)| (*p, (p - q).abs())));
-        let (wh, wt) = adaptive_weights(pairs, params.adaptive_alpha);
-        for i in 0..n {
-            let rc = if q[i] > 0.0 { q[i] * (d[i] + 1.0) } else { 0.0 };
-            c[i] = wh * (-p[i]) + wt * rc;
-        }
-        (wh * fkl + wt * rkl, sum_map(c, |x| x), sums.acceptance)
+        adaptive_pass(zs, zt, norms, bufs, pairs, params.adaptive_alpha)
     } else {
         let sums = run_objective(
             params.objective,
@@ -479,12 +363,121 @@ pub fn kd_row(
     let (a, c) = (&scratch.a[..n], &scratch.c[..n]);
 
     if let Some(g) = grad {
-        let f = scale * is;
-        if !sparse {
-            for ((g, q), c) in g.iter_mut().zip(a.iter()).zip(c.iter()) {
+        let support = if sparse {
+            Some((&idx[..], full_lse))
+        } else {
+            None
+        };
+        write_grad(g, student, (a, c, c_sum), support, (scale * is, ms, is, ls));
+    }
+    RowStats {
+        loss,
+        acceptance,
+        top1,
+        nonfinite: false,
+    }
+}
+
+/// The aligned (student, teacher) values the distributions are built from: the whole row, or
+/// the teacher's top-k / sparse entries gathered into `s`, `t` (their vocabulary ids in
+/// `idx`). Entries −∞ on either side leave the support of both.
+#[inline(always)]
+fn aligned<'a>(
+    params: &KdParams,
+    student: &'a [f32],
+    teacher: TeacherRow<'a>,
+    (full_mode, masked): (bool, bool),
+    (s, t, idx): (&'a mut Vec<f32>, &'a mut Vec<f32>, &mut Vec<u32>),
+) -> (&'a [f32], &'a [f32]) {
+    match teacher {
+        TeacherRow::Full(tf) if full_mode => {
+            if masked {
+                // Entries −∞ on either side leave the support of both.
+                s.clear();
+                t.clear();
+                for (a, b) in student.iter().zip(tf) {
+                    let out = *a == f32::NEG_INFINITY || *b == f32::NEG_INFINITY;
+                    s.push(if out { f32::NEG_INFINITY } else { *a });
+                    t.push(if out { f32::NEG_INFINITY } else { *b });
+                }
+                (&s[..], &t[..])
+            } else {
+                (student, tf)
+            }
+        }
+        TeacherRow::Full(tf) => {
+            let k = params.topk.min(tf.len());
+            idx.clear();
+            idx.extend(0..tf.len() as u32);
+            if k < tf.len() {
+                idx.select_nth_unstable_by(k, |a, b| tf[*b as usize].total_cmp(&tf[*a as usize]));
+                idx.truncate(k);
+            }
+            idx.sort_unstable_by(|a, b| tf[*b as usize].total_cmp(&tf[*a as usize]).then(a.cmp(b)));
+            gather(student, tf, idx, s, t);
+            (&s[..], &t[..])
+        }
+        TeacherRow::Sparse { indices, values } => {
+            idx.clear();
+            idx.extend_from_slice(indices);
+            s.clear();
+            t.clear();
+            for (i, v) in indices.iter().zip(values) {
+                let a = student[*i as usize];
+                let out = a == f32::NEG_INFINITY || *v == f32::NEG_INFINITY;
+                s.push(if out { f32::NEG_INFINITY } else { a });
+                t.push(if out { f32::NEG_INFINITY } else { *v });
+            }
+            (&s[..], &t[..])
+        }
+    }
+}
+
+/// Adaptive KL: the FKL pass (c = −p) plus p and lq − lp for the RKL half, mixed by the
+/// adaptive weights; `(loss, Σc, acceptance)` with c in `bufs.c`.
+#[inline(always)]
+fn adaptive_pass(
+    zs: &[f32],
+    zt: &[f32],
+    norms: Norms,
+    mut bufs: PassBuffers<'_>,
+    pairs: &mut Vec<(f32, f32)>,
+    alpha: f32,
+) -> (f32, f32, f32) {
+    let n = zs.len();
+    let sums = objective_pass::<Fkl, true>(zs, zt, norms, 0.0, &mut bufs);
+    let PassBuffers { q, c, p, d, .. } = bufs;
+    let (q, c, p, d) = (&q[..n], &mut c[..n], &p[..n], &d[..n]);
+    let fkl = sums.loss;
+    let rkl = sum_map2(q, d, |q, d| q * d);
+    pairs.clear();
+    pairs.extend(p.iter().zip(q).map(|(p, q)| (*p, (p - q).abs())));
+    let (wh, wt) = adaptive_weights(pairs, alpha);
+    for i in 0..n {
+        let rc = if q[i] > 0.0 { q[i] * (d[i] + 1.0) } else { 0.0 };
+        c[i] = wh * (-p[i]) + wt * rc;
+    }
+    (wh * fkl + wt * rkl, sum_map(c, |x| x), sums.acceptance)
+}
+
+/// Writes `dL_row/dz_S · f` into `g` (`f` = scale/τ) from q (over the support) and c:
+/// over the whole row, or over the support's vocabulary ids (`support`: with the full
+/// row's log-sum-exp when the student is normalised over the whole vocabulary).
+#[inline(always)]
+fn write_grad(
+    g: &mut [f32],
+    student: &[f32],
+    (q, c, c_sum): (&[f32], &[f32], f32),
+    support: Option<(&[u32], bool)>,
+    (f, ms, is, ls): (f32, f32, f32, f32),
+) {
+    match support {
+        None => {
+            for ((g, q), c) in g.iter_mut().zip(q.iter()).zip(c.iter()) {
                 *g = f * (c - q * c_sum);
             }
-        } else if full_lse {
+        }
+        Some((idx, true)) => {
             // dL/dz_j = (1_{j∈K} c_j − Q_j·Σc)/τ with Q the full-vocabulary softmax.
             for (g, z) in g.iter_mut().zip(student) {
                 *g = -f * c_sum * exp((z - ms) * is - ls);
@@ -492,18 +485,13 @@ pub fn kd_row(
             for (k, i) in idx.iter().enumerate() {
                 g[*i as usize] += f * c[k];
             }
-        } else {
+        }
+        Some((idx, false)) => {
             g.fill(0.0);
             for (k, i) in idx.iter().enumerate() {
-                g[*i as usize] = f * (c[k] - a[k] * c_sum);
+                g[*i as usize] = f * (c[k] - q[k] * c_sum);
             }
         }
-    }
-    RowStats {
-        loss,
-        acceptance,
-        top1,
-        nonfinite: false,
     }
 }
 

@@ -13,20 +13,22 @@ mod window;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kd_data::{Example, plan_batches};
+use kd_data::{BatchPlan, Example, plan_batches};
 use kd_dist::World;
 
+use crate::checkpoint::{TrainerState, TrainingState};
 use crate::config::TrainConfig;
 use crate::data::{PlannedStep, StepData};
 use crate::error::{Result, TrainError};
 use crate::loss::StepLossFn;
 use crate::metrics::{NoopObserver, TensorBoard, TextLog, TrainObserver};
 use crate::model::{TrainModel, Trainable};
+use crate::optim::AdamW;
 use crate::schedule::learning_rate;
 use plan::RunPlan;
 use resume::{Resumed, resume};
 use save::{save_checkpoints, save_stop_checkpoint};
-use step::run_step;
+use step::{StepOutcome, run_step};
 use window::{MetricsWindow, write_log};
 
 /// Work done between optimizer steps with the model being trained (the distill pipeline's
@@ -130,7 +132,7 @@ impl<'a, M: Trainable> Trainer<'a, M> {
     /// come from that checkpoint and the run continues exactly.
     pub fn run(self, model: M, examples: &[Example]) -> Result<(M, TrainSummary)> {
         let Self {
-            mut config,
+            config,
             loss,
             observer,
             mut hook,
@@ -139,11 +141,65 @@ impl<'a, M: Trainable> Trainer<'a, M> {
         } = self;
         let mut noop = NoopObserver;
         let observer = observer.unwrap_or(&mut noop);
+        let (mut session, model) = Session::start(config, world, examples, model, data.as_deref())?;
+        let mut model = model.train();
+        observer.on_start(session.state.global_step, session.run.total_steps);
+        session.started = Instant::now();
+        while session.state.global_step < session.run.total_steps {
+            let (next, outcome) = session.step(model, loss, data.as_deref_mut())?;
+            model = next;
+            session.count(&outcome, observer)?;
+            session.log(&outcome, observer)?;
+            let step_checkpoint = session.checkpoint(&model, observer)?;
+            if session.world.is_root()
+                && let Some(h) = hook.as_mut()
+            {
+                h.after_step(session.state.global_step, session.run.total_steps, &model)?;
+            }
+            if session.stop_requested(observer)? {
+                return Err(session.stop(&model, step_checkpoint)?);
+            }
+        }
+        let summary = session.finish();
+        Ok((model.valid(), summary))
+    }
+}
+
+/// A run under way: its plan, optimizer, counters, logs and summary, which the phases of a
+/// step read and update.
+struct Session<'s> {
+    config: TrainConfig,
+    world: &'s World,
+    examples: &'s [Example],
+    run: RunPlan,
+    optimizer: AdamW,
+    state: TrainingState,
+    history: TrainerState,
+    /// Rank 0's `training_log.txt` and TensorBoard files.
+    logs: Option<(TextLog, TensorBoard)>,
+    window: MetricsWindow,
+    summary: TrainSummary,
+    started: Instant,
+    /// The current epoch's micro-batches.
+    plan: BatchPlan,
+    /// The epoch position the last step reached, as a fraction of epochs.
+    epoch_f: f64,
+}
+
+impl<'s> Session<'s> {
+    /// Checks the configuration, model and examples; plans the run; resumes from the
+    /// configured checkpoint; opens rank 0's logs and writes the header.
+    fn start<M: Trainable>(
+        mut config: TrainConfig,
+        world: &'s World,
+        examples: &'s [Example],
+        model: M,
+        data: Option<&dyn StepData<M>>,
+    ) -> Result<(Self, M)> {
         config.validate()?;
         // N ranks × S shards: the one-process run with N·S shards (what the plan, the
         // fingerprint, the effective batch and the log header count).
         config.accumulation_shards *= world.size();
-        let root = world.is_root();
         if model.mode() != config.mode {
             return Err(TrainError::Config(format!(
                 "the configuration trains in {:?} mode but the model is set up for {:?} mode \
@@ -158,18 +214,14 @@ impl<'a, M: Trainable> Trainer<'a, M> {
         }
         let out = &config.output_dir;
         std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
-        let run = RunPlan::new(
-            &config,
-            examples,
-            data.as_ref().and_then(|d| d.fingerprint()),
-        );
+        let run = RunPlan::new(&config, examples, data.and_then(|d| d.fingerprint()));
         if world.is_distributed() {
             reduce::check_same_run(world, &run.fingerprint, examples)?;
         }
         let Resumed {
             model,
-            mut optimizer,
-            mut state,
+            optimizer,
+            state,
             mut history,
         } = resume(&config, &run, model)?;
         history.max_steps = run.total_steps;
@@ -178,7 +230,7 @@ impl<'a, M: Trainable> Trainer<'a, M> {
         history.train_batch_size = config.train_batch_size;
 
         // Rank 0 writes the run's files.
-        let mut logs = if root {
+        let mut logs = if world.is_root() {
             Some((TextLog::open(out)?, TensorBoard::create(&out.join("runs"))?))
         } else {
             None
@@ -198,12 +250,7 @@ impl<'a, M: Trainable> Trainer<'a, M> {
             }
         }
         tracing::info!("{header}");
-
-        let mut model = model.train();
-        observer.on_start(state.global_step, run.total_steps);
-        let started = Instant::now();
-        let mut window = MetricsWindow::new();
-        let mut summary = TrainSummary {
+        let summary = TrainSummary {
             global_step: state.global_step,
             skipped_steps: state.skipped_steps,
             checkpoints: Vec::new(),
@@ -213,158 +260,218 @@ impl<'a, M: Trainable> Trainer<'a, M> {
             reduce_seconds: 0.0,
             ranks: world.size(),
         };
-        let pad_id = model.pad_id();
-        let mut plan = plan_batches(&run.lengths, &run.batch_opts, state.epoch as u64);
+        let plan = plan_batches(&run.lengths, &run.batch_opts, state.epoch as u64);
+        let session = Self {
+            config,
+            world,
+            examples,
+            run,
+            optimizer,
+            state,
+            history,
+            logs,
+            window: MetricsWindow::new(),
+            summary,
+            started: Instant::now(),
+            plan,
+            epoch_f: 0.0,
+        };
+        Ok((session, model))
+    }
 
-        while state.global_step < run.total_steps {
-            if state.next_micro_batch >= plan.len() {
-                state.epoch += 1;
-                state.next_micro_batch = 0;
-                plan = plan_batches(&run.lengths, &run.batch_opts, state.epoch as u64);
-            }
-            let step = state.global_step;
-            let step_started = Instant::now();
-            let end = (state.next_micro_batch + run.per_step).min(plan.len());
-            let planned = PlannedStep {
-                examples,
-                micro_batches: &plan[state.next_micro_batch..end],
-                epoch: state.epoch,
-                step,
-                seed: config.seed,
-                shards: config.accumulation_shards,
-                pad_id,
-            };
-            let micro = match data.as_mut() {
-                Some(d) => d.micro_batches(&planned, &model)?,
-                None => planned.collate(),
-            };
-            let lr = learning_rate(
-                config.scheduler_type,
-                config.learning_rate,
-                step,
-                run.warmup,
-                run.total_steps,
+    /// The next optimizer step: its micro-batches (from `data`, or the planned rows as they
+    /// are), the learning rate, gradients and update. Moves the data position on.
+    fn step<'d, M: Trainable>(
+        &mut self,
+        model: M,
+        loss: &dyn StepLossFn<M>,
+        data: Option<&mut (dyn StepData<M> + 'd)>,
+    ) -> Result<(M, StepOutcome)> {
+        let state = &mut self.state;
+        if state.next_micro_batch >= self.plan.len() {
+            state.epoch += 1;
+            state.next_micro_batch = 0;
+            self.plan = plan_batches(&self.run.lengths, &self.run.batch_opts, state.epoch as u64);
+        }
+        let step = state.global_step;
+        let step_started = Instant::now();
+        let end = (state.next_micro_batch + self.run.per_step).min(self.plan.len());
+        let planned = PlannedStep {
+            examples: self.examples,
+            micro_batches: &self.plan[state.next_micro_batch..end],
+            epoch: state.epoch,
+            step,
+            seed: self.config.seed,
+            shards: self.config.accumulation_shards,
+            pad_id: model.pad_id(),
+        };
+        let (micro, data) = match data {
+            Some(d) => (d.micro_batches(&planned, &model)?, Some(d)),
+            None => (planned.collate(), None),
+        };
+        let lr = learning_rate(
+            self.config.scheduler_type,
+            self.config.learning_rate,
+            step,
+            self.run.warmup,
+            self.run.total_steps,
+        );
+        let (model, mut outcome) = run_step(
+            &self.config,
+            (model, self.world),
+            &mut self.optimizer,
+            &micro,
+            loss,
+            (step, lr),
+        )?;
+        let step_seconds = step_started.elapsed().as_secs_f64();
+        self.summary.label_tokens += outcome.tokens;
+        self.summary.step_seconds += step_seconds;
+        self.summary.reduce_seconds += outcome.reduce_seconds;
+        if let Some(d) = data {
+            outcome
+                .terms
+                .extend(d.step_terms(&outcome.kd, step_seconds));
+        }
+        self.state.global_step += 1;
+        self.state.next_micro_batch = end;
+        self.state.optimizer_steps = self.optimizer.steps;
+        Ok((model, outcome))
+    }
+
+    /// Counts a skipped (non-finite) step, and stops the run after too many in a row.
+    fn count(&mut self, outcome: &StepOutcome, observer: &mut dyn TrainObserver) -> Result<()> {
+        let state = &mut self.state;
+        if outcome.finite {
+            state.consecutive_nonfinite = 0;
+        } else {
+            state.consecutive_nonfinite += 1;
+            state.skipped_steps += 1;
+            observer.on_skipped_step(state.global_step);
+            tracing::warn!(
+                step = state.global_step,
+                "non-finite loss or gradient: step skipped"
             );
-            let (next, mut outcome) = run_step(
-                &config,
-                (model, world),
-                &mut optimizer,
-                &micro,
-                loss,
-                (step, lr),
-            )?;
-            model = next;
-            let step_seconds = step_started.elapsed().as_secs_f64();
-            summary.label_tokens += outcome.tokens;
-            summary.step_seconds += step_seconds;
-            summary.reduce_seconds += outcome.reduce_seconds;
-            if let Some(d) = data.as_mut() {
-                outcome
-                    .terms
-                    .extend(d.step_terms(&outcome.kd, step_seconds));
-            }
-            state.global_step += 1;
-            state.next_micro_batch = end;
-            state.optimizer_steps = optimizer.steps;
-            if outcome.finite {
-                state.consecutive_nonfinite = 0;
-            } else {
-                state.consecutive_nonfinite += 1;
-                state.skipped_steps += 1;
-                observer.on_skipped_step(state.global_step);
-                tracing::warn!(
-                    step = state.global_step,
-                    "non-finite loss or gradient: step skipped"
-                );
-                if state.consecutive_nonfinite >= config.max_consecutive_nonfinite {
-                    return Err(TrainError::NonFinite {
-                        count: state.consecutive_nonfinite,
-                        step: state.global_step,
-                    });
-                }
-            }
-            observer.on_step(state.global_step, outcome.loss);
-
-            // Metrics.
-            window.add(&outcome);
-            let epoch_f =
-                state.epoch as f64 + state.next_micro_batch as f64 / plan.len().max(1) as f64;
-            if state.global_step.is_multiple_of(config.logging_steps)
-                || state.global_step == run.total_steps
-            {
-                let record = window.record(
-                    (state.global_step, epoch_f),
-                    &outcome,
-                    started.elapsed().as_secs_f64(),
-                );
-                if let Some((text_log, tb)) = logs.as_mut() {
-                    write_log(&record, run.total_steps, text_log, tb)?;
-                }
-                summary.last_loss = Some(record.loss);
-                observer.on_log(&record);
-                history.log_history.push(record);
-                window = MetricsWindow::new();
-            }
-            history.global_step = state.global_step;
-            history.epoch = epoch_f;
-
-            // Checkpoints.
-            let epoch_done = state.next_micro_batch >= plan.len();
-            let saved = if root {
-                save_checkpoints(
-                    &config,
-                    (&model, &optimizer),
-                    (&state, &history),
-                    epoch_done,
-                    false,
-                )?
-            } else {
-                Vec::new()
-            };
-            let step_checkpoint = saved.first().cloned();
-            for path in saved {
-                observer.on_checkpoint(&path);
-                summary.checkpoints.push(path);
-            }
-            if root && let Some(h) = hook.as_mut() {
-                h.after_step(state.global_step, run.total_steps, &model)?;
-            }
-            let stop = state.global_step < run.total_steps && observer.stop_requested();
-            // Every rank stops at the same step when any was asked to.
-            let stop = if world.is_distributed() {
-                world
-                    .any(stop)
-                    .map_err(|e| TrainError::Config(format!("data-parallel stop request: {e}")))?
-            } else {
-                stop
-            };
-            if stop {
-                let checkpoint = match step_checkpoint {
-                    Some(path) => path,
-                    // Not reported through `on_checkpoint`: no evaluation on the way out.
-                    None if root => save_stop_checkpoint(
-                        &config,
-                        (&model, &optimizer),
-                        (&state, &history),
-                        epoch_done,
-                    )?,
-                    // Rank 0 writes it.
-                    None => out.join(format!("checkpoint-{}", state.global_step)),
-                };
-                // No rank leaves before rank 0 has written the checkpoint (a launcher may end
-                // the job when the first rank exits).
-                world
-                    .barrier()
-                    .map_err(|e| TrainError::Config(format!("data-parallel stop request: {e}")))?;
-                return Err(TrainError::Stopped {
+            if state.consecutive_nonfinite >= self.config.max_consecutive_nonfinite {
+                return Err(TrainError::NonFinite {
+                    count: state.consecutive_nonfinite,
                     step: state.global_step,
-                    total_steps: run.total_steps,
-                    checkpoint,
                 });
             }
         }
-        summary.global_step = state.global_step;
-        summary.skipped_steps = state.skipped_steps;
-        Ok((model.valid(), summary))
+        observer.on_step(state.global_step, outcome.loss);
+        Ok(())
+    }
+
+    /// Adds the step to the metrics window; every `logging_steps` (and at the last step)
+    /// writes the window's record to the logs and the history.
+    fn log(&mut self, outcome: &StepOutcome, observer: &mut dyn TrainObserver) -> Result<()> {
+        let state = &self.state;
+        self.window.add(outcome);
+        self.epoch_f =
+            state.epoch as f64 + state.next_micro_batch as f64 / self.plan.len().max(1) as f64;
+        if state.global_step.is_multiple_of(self.config.logging_steps)
+            || state.global_step == self.run.total_steps
+        {
+            let record = self.window.record(
+                (state.global_step, self.epoch_f),
+                outcome,
+                self.started.elapsed().as_secs_f64(),
+            );
+            if let Some((text_log, tb)) = self.logs.as_mut() {
+                write_log(&record, self.run.total_steps, text_log, tb)?;
+            }
+            self.summary.last_loss = Some(record.loss);
+            observer.on_log(&record);
+            self.history.log_history.push(record);
+            self.window = MetricsWindow::new();
+        }
+        self.history.global_step = state.global_step;
+        self.history.epoch = self.epoch_f;
+        Ok(())
+    }
+
+    /// Whether the last step ended an epoch.
+    fn epoch_done(&self) -> bool {
+        self.state.next_micro_batch >= self.plan.len()
+    }
+
+    /// Rank 0 writes the checkpoints due after the step and reports them; the step's own
+    /// checkpoint, if one was due.
+    fn checkpoint<M: Trainable>(
+        &mut self,
+        model: &M,
+        observer: &mut dyn TrainObserver,
+    ) -> Result<Option<PathBuf>> {
+        let saved = if self.world.is_root() {
+            save_checkpoints(
+                &self.config,
+                (model, &self.optimizer),
+                (&self.state, &self.history),
+                self.epoch_done(),
+                false,
+            )?
+        } else {
+            Vec::new()
+        };
+        let step_checkpoint = saved.first().cloned();
+        for path in saved {
+            observer.on_checkpoint(&path);
+            self.summary.checkpoints.push(path);
+        }
+        Ok(step_checkpoint)
+    }
+
+    /// Whether the run stops here on request; every rank stops at the same step when any
+    /// was asked to.
+    fn stop_requested(&self, observer: &mut dyn TrainObserver) -> Result<bool> {
+        let stop = self.state.global_step < self.run.total_steps && observer.stop_requested();
+        if self.world.is_distributed() {
+            self.world
+                .any(stop)
+                .map_err(|e| TrainError::Config(format!("data-parallel stop request: {e}")))
+        } else {
+            Ok(stop)
+        }
+    }
+
+    /// Stops on request: the step's checkpoint, or a stop checkpoint that rank 0 writes now;
+    /// the error that says where to resume.
+    fn stop<M: Trainable>(
+        &self,
+        model: &M,
+        step_checkpoint: Option<PathBuf>,
+    ) -> Result<TrainError> {
+        let checkpoint = match step_checkpoint {
+            Some(path) => path,
+            // Not reported through `on_checkpoint`: no evaluation on the way out.
+            None if self.world.is_root() => save_stop_checkpoint(
+                &self.config,
+                (model, &self.optimizer),
+                (&self.state, &self.history),
+                self.epoch_done(),
+            )?,
+            // Rank 0 writes it.
+            None => self
+                .config
+                .output_dir
+                .join(format!("checkpoint-{}", self.state.global_step)),
+        };
+        // No rank leaves before rank 0 has written the checkpoint (a launcher may end the job
+        // when the first rank exits).
+        self.world
+            .barrier()
+            .map_err(|e| TrainError::Config(format!("data-parallel stop request: {e}")))?;
+        Ok(TrainError::Stopped {
+            step: self.state.global_step,
+            total_steps: self.run.total_steps,
+            checkpoint,
+        })
+    }
+
+    fn finish(mut self) -> TrainSummary {
+        self.summary.global_step = self.state.global_step;
+        self.summary.skipped_steps = self.state.skipped_steps;
+        self.summary
     }
 }

@@ -18,21 +18,14 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use burn::backend::tensor::FloatTensor;
-use burn::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, DType, Tensor};
-use burn_autodiff::Autodiff;
-use burn_autodiff::checkpoint::base::Checkpointer;
-use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul};
 use kd_kernels::math::{self, exp, ln};
 use kd_kernels::{dispatch, f32_view};
 use rayon::prelude::*;
 
-use super::{AdTensor, TrainOpsBackend, flex, shape};
+use super::shape;
 use crate::error::{ModelError, Result};
 
 /// Query rows per block.
@@ -260,6 +253,10 @@ dispatch! {
     }
 }
 
+mod node;
+
+pub(crate) use node::{autodiff_forward, flex_backward, flex_forward};
+
 const GEMM: &str = "attention block shapes";
 
 /// The output `[b, h, s, d]` and per-query log-sum-exp `[b, h, s]` (−∞ for queries that see
@@ -401,73 +398,25 @@ pub(crate) fn backward(
                     }
                     for kb0 in (k0..k1).step_by(KEY_BLOCK) {
                         let kl = KEY_BLOCK.min(k1 - kb0);
-                        let (pb, db) = (&mut p[..rb * kl], &mut ds[..rb * kl]);
-                        let q_blk = MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM);
-                        let do_blk = MatRef::rows(&doh[i0 * d..], rb, d, d).expect(GEMM);
-                        let k_blk = MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM);
-                        let v_blk = MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM);
-                        // P = exp(scale · Q Kᵀ − lse)
-                        matmul(
-                            MatMut::row_major(pb, rb, kl).expect(GEMM),
-                            q_blk,
-                            k_blk.t(),
-                            Write::Overwrite,
+                        let tile = Tile {
+                            q: MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM),
+                            dout: MatRef::rows(&doh[i0 * d..], rb, d, d).expect(GEMM),
+                            k: MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM),
+                            v: MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM),
+                            mask: &mh[i0 * t + kb0..],
+                            mask_stride: t,
+                            lse: &lh[i0..i0 + rb],
+                            dots: &dots[..rb],
                             scale,
-                            Threads::One,
-                        )
-                        .expect(GEMM);
-                        for r in 0..rb {
-                            let at = (i0 + r) * t + kb0;
-                            let row = &mut pb[r * kl..][..kl];
-                            if lh[i0 + r] == f32::NEG_INFINITY {
-                                row.fill(0.0);
-                            } else {
-                                probabilities_row(simd, row, &mh[at..at + kl], lh[i0 + r]);
-                            }
-                        }
-                        // dV += Pᵀ dO
-                        matmul(
-                            MatMut::rows(&mut dvg[kb0 * d..], kl, d, d).expect(GEMM),
-                            MatRef::row_major(pb, rb, kl).expect(GEMM).t(),
-                            do_blk,
-                            Write::Accumulate,
-                            1.0,
-                            Threads::One,
-                        )
-                        .expect(GEMM);
-                        // dP = dO Vᵀ, then dS = P ⊙ (dP − D) · scale
-                        matmul(
-                            MatMut::row_major(db, rb, kl).expect(GEMM),
-                            do_blk,
-                            v_blk.t(),
-                            Write::Overwrite,
-                            1.0,
-                            Threads::One,
-                        )
-                        .expect(GEMM);
-                        for (r, dot) in dots[..rb].iter().enumerate() {
-                            let range = r * kl..(r + 1) * kl;
-                            score_grad_row(simd, &mut db[range.clone()], &pb[range], *dot, scale);
-                        }
-                        // dQ += dS K, dK += dSᵀ Q
-                        matmul(
-                            MatMut::rows(&mut dqh[i0 * d..], rb, d, d).expect(GEMM),
-                            MatRef::row_major(db, rb, kl).expect(GEMM),
-                            k_blk,
-                            Write::Accumulate,
-                            1.0,
-                            Threads::One,
-                        )
-                        .expect(GEMM);
-                        matmul(
-                            MatMut::rows(&mut dkg[kb0 * d..], kl, d, d).expect(GEMM),
-                            MatRef::row_major(db, rb, kl).expect(GEMM).t(),
-                            q_blk,
-                            Write::Accumulate,
-                            1.0,
-                            Threads::One,
-                        )
-                        .expect(GEMM);
+                            dims: (rb, kl, d),
+                        };
+                        tile.backward(
+                            simd,
+                            (&mut p[..rb * kl], &mut ds[..rb * kl]),
+                            &mut dqh[i0 * d..],
+                            &mut dkg[kb0 * d..],
+                            &mut dvg[kb0 * d..],
+                        );
                     }
                 }
             }
@@ -475,101 +424,97 @@ pub(crate) fn backward(
     (dq, dk, dv)
 }
 
-/// [`TrainOpsBackend::masked_attention`] on the CPU backend.
-pub(crate) fn flex_forward(
-    q: FlexTensor,
-    k: FlexTensor,
-    v: FlexTensor,
-    job: AttentionJob,
-) -> (FlexTensor, FlexTensor) {
-    let n = attention_dims(&q, &k, &v, &job, None);
-    let (kh, hs) = head_view(&k);
-    let (vh, vs) = head_view(&v);
-    let (kh, vh, hs) = if hs == vs {
-        (kh, vh, hs)
-    } else {
-        // Differently strided K and V: both contiguous.
-        (f32_view(&k), f32_view(&v), n.t * n.d)
-    };
-    let (out, lse) = forward(&f32_view(&q), (&kh, &vh, hs), &job, n);
-    (
-        flex(out, vec![n.b, n.h, n.s, n.d]),
-        flex(lse, vec![n.b, n.h, n.s]),
-    )
+/// One (query block × key block) tile of the backward pass: `rb` queries, `kl` keys.
+struct Tile<'a> {
+    q: MatRef<'a>,
+    dout: MatRef<'a>,
+    k: MatRef<'a>,
+    v: MatRef<'a>,
+    /// Query row r's mask over the tile's keys at `mask[r · mask_stride..][..kl]`.
+    mask: &'a [bool],
+    mask_stride: usize,
+    /// Each query's log-sum-exp from the forward pass.
+    lse: &'a [f32],
+    /// Each query's D = rowsum(dO ⊙ O).
+    dots: &'a [f32],
+    scale: f32,
+    /// Queries, keys and head width: `(rb, kl, d)`.
+    dims: (usize, usize, usize),
 }
 
-/// [`TrainOpsBackend::masked_attention_backward`] on the CPU backend.
-pub(crate) fn flex_backward(
-    q: FlexTensor,
-    k: FlexTensor,
-    v: FlexTensor,
-    (out, lse, dout): (FlexTensor, FlexTensor, FlexTensor),
-    job: AttentionJob,
-) -> (FlexTensor, FlexTensor, FlexTensor) {
-    let n = attention_dims(&q, &k, &v, &job, Some((&out, &lse, &dout)));
-    let (dq, dk, dv) = backward(
-        &f32_view(&q),
-        (&f32_view(&k), &f32_view(&v), n.t * n.d),
-        &f32_view(&out),
-        &f32_view(&lse),
-        &f32_view(&dout),
-        &job,
-        n,
-    );
-    (
-        flex(dq, vec![n.b, n.h, n.s, n.d]),
-        flex(dk, vec![n.b, n.kv, n.t, n.d]),
-        flex(dv, vec![n.b, n.kv, n.t, n.d]),
-    )
-}
-
-/// The autodiff node: forward on the inner backend, keeping `(q, k, v, out, lse, job)`.
-pub(crate) fn autodiff_forward<B: Backend + TrainOpsBackend, C: CheckpointStrategy>(
-    q: AdTensor<B, C>,
-    k: AdTensor<B, C>,
-    v: AdTensor<B, C>,
-    job: AttentionJob,
-) -> (AdTensor<B, C>, AdTensor<B, C>) {
-    #[derive(Debug)]
-    struct AttentionBackward;
-
-    type State<B> = (
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        AttentionJob,
-    );
-
-    impl<B: Backend + TrainOpsBackend> Backward<B, 3> for AttentionBackward {
-        type State = State<B>;
-
-        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let (q, k, v, out, lse, job) = ops.state;
-            let dout = grads.consume::<B>(&ops.node);
-            let (dq, dk, dv) = B::masked_attention_backward(q, k, v, out, lse, dout, job);
-            for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
-                if let Some(node) = parent {
-                    grads.register::<B>(node.id, grad);
-                }
+impl Tile<'_> {
+    /// Recomputes the tile's probabilities into `p` and adds its part of dV, dQ and dK
+    /// (`dq`: the block's query rows, `dk`, `dv`: its key rows); `ds` is scratch.
+    fn backward(
+        &self,
+        simd: kd_kernels::cpu::SimdLevel,
+        (p, ds): (&mut [f32], &mut [f32]),
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+    ) {
+        let (rb, kl, d) = self.dims;
+        // P = exp(scale · Q Kᵀ − lse)
+        matmul(
+            MatMut::row_major(p, rb, kl).expect(GEMM),
+            self.q,
+            self.k.t(),
+            Write::Overwrite,
+            self.scale,
+            Threads::One,
+        )
+        .expect(GEMM);
+        for r in 0..rb {
+            let row = &mut p[r * kl..][..kl];
+            if self.lse[r] == f32::NEG_INFINITY {
+                row.fill(0.0);
+            } else {
+                let mask = &self.mask[r * self.mask_stride..][..kl];
+                probabilities_row(simd, row, mask, self.lse[r]);
             }
         }
+        // dV += Pᵀ dO
+        matmul(
+            MatMut::rows(dv, kl, d, d).expect(GEMM),
+            MatRef::row_major(p, rb, kl).expect(GEMM).t(),
+            self.dout,
+            Write::Accumulate,
+            1.0,
+            Threads::One,
+        )
+        .expect(GEMM);
+        // dP = dO Vᵀ, then dS = P ⊙ (dP − D) · scale
+        matmul(
+            MatMut::row_major(ds, rb, kl).expect(GEMM),
+            self.dout,
+            self.v.t(),
+            Write::Overwrite,
+            1.0,
+            Threads::One,
+        )
+        .expect(GEMM);
+        for (r, dot) in self.dots.iter().enumerate() {
+            let range = r * kl..(r + 1) * kl;
+            score_grad_row(simd, &mut ds[range.clone()], &p[range], *dot, self.scale);
+        }
+        // dQ += dS K, dK += dSᵀ Q
+        matmul(
+            MatMut::rows(dq, rb, d, d).expect(GEMM),
+            MatRef::row_major(ds, rb, kl).expect(GEMM),
+            self.k,
+            Write::Accumulate,
+            1.0,
+            Threads::One,
+        )
+        .expect(GEMM);
+        matmul(
+            MatMut::rows(dk, kl, d, d).expect(GEMM),
+            MatRef::row_major(ds, rb, kl).expect(GEMM).t(),
+            self.q,
+            Write::Accumulate,
+            1.0,
+            Threads::One,
+        )
+        .expect(GEMM);
     }
-
-    let guards = [q.node(), k.node(), v.node()];
-    let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-    let (out, lse) = B::masked_attention(q.clone(), k.clone(), v.clone(), job.clone());
-    let tracked = match AttentionBackward
-        .prepare::<C>(guards)
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse.clone(), job), out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    (
-        tracked,
-        <Autodiff<B, C> as AutodiffBackend>::from_inner(lse),
-    )
 }
