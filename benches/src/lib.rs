@@ -2,7 +2,6 @@
 
 use std::time::Instant;
 
-/// A field of `/proc/self/status` in bytes (`VmRSS`, `VmHWM`).
 /// The machine line every bench prints first: CPU model, logical CPUs, the instruction-set
 /// level the kernels use (`KD_SIMD` caps it) and the CPU's best. An error for an unreadable
 /// `KD_SIMD`.
@@ -40,6 +39,7 @@ pub fn python_command(python: impl AsRef<std::ffi::OsStr>) -> std::process::Comm
     cmd
 }
 
+/// A field of `/proc/self/status` in bytes (`VmRSS`, `VmHWM`).
 pub fn proc_status_bytes(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = text.lines().find(|l| l.starts_with(field))?;

@@ -104,8 +104,10 @@ fn main() -> Result<()> {
             start.elapsed().as_secs_f64(),
             match label {
                 "f32" => "dequantised to f32",
-                "packed" => "f32 copy + Q8_0/Q4 blocks kept for decoding, f32 activations",
-                "packed-ops" => "the same blocks, each layer as Burn operations",
+                "packed" =>
+                    "lean: the Q8_0/Q4 blocks, f32 copies made only on demand; f32 activations",
+                "packed-ops" =>
+                    "the same blocks, each layer as Burn operations (f32 copies for wide passes)",
                 _ => "the blocks with 8-bit activations, integer dot products",
             }
         );
@@ -146,6 +148,16 @@ fn main() -> Result<()> {
         if !args.verify.is_empty() {
             verification_passes(&model, &args, label)?;
         }
+        if let Some((made, n)) = model.f32_copies_made() {
+            println!(
+                "ours {label:>10}: f32 copies made of {made} of the {n} weights held in blocks"
+            );
+        }
+        println!(
+            "ours {label:>10}: peak resident memory so far {}",
+            kd_benches::proc_status_bytes("VmHWM")
+                .map_or("unknown".into(), |b| format!("{:.0} MB", b as f64 / 1e6))
+        );
     }
 
     if args.keep_layers.is_some() {

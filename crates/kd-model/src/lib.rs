@@ -107,23 +107,47 @@ impl Llama {
     }
 
     /// Like [`load`](Self::load), for a model that only infers (a teacher, a target, a chat):
-    /// from a GGUF file it also keeps the projections and the LM head stored as Q8_0, Q4_0 or
-    /// Q4_1 in those blocks, and decoding (up to 32 rows on the CPU) reads them instead of
-    /// the f32 copy — the same weight values, a fraction of the memory traffic. Do not train
-    /// or merge into such a model's base weights: the blocks would not follow
-    /// ([`merge_and_unload`](Self::merge_and_unload) drops them).
+    /// from a GGUF file on the CPU it keeps the projections and the LM head stored as Q8_0,
+    /// Q4_0 or Q4_1 in those blocks, and decoding reads them instead of an f32 copy — the same
+    /// weight values, a fraction of the memory traffic. The model is lean: the f32 copy of a
+    /// weight held in blocks is made only when a path needs it ([`f32_copies_made`](
+    /// Self::f32_copies_made)), so decoding and prefill through the KV cache never make one
+    /// where every projection is packed (each layer then runs on the host for any number of
+    /// rows). Do not train or merge into such a model's base weights: the blocks would not
+    /// follow ([`merge_and_unload`](Self::merge_and_unload) drops them).
     pub fn load_for_inference(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
         let path = &resolve_model_path(path)?;
         let Some(file) = gguf::gguf_path(path)? else {
             return Self::load(path, device);
         };
         let (source, config) = gguf::GgufSource::open(&file)?;
-        let mut model = weights::load(&source, config, ComputeDType::F32, device)?;
-        if *device == Device::flex() {
-            let packed = packed::Packed::from_gguf(source.file(), &model);
-            tracing::debug!(matrices = packed.count(), "kept GGUF blocks for decoding");
-            model.packed = Some(std::sync::Arc::new(packed));
+        if *device != Device::flex() {
+            return weights::load(&source, config, ComputeDType::F32, device);
         }
+        // Lean: the blocks first, and each packed matrix's f32 weight made from them only
+        // when a path reads it.
+        let (layers, head) = packed::Packed::matrices(source.file(), &config);
+        let tied = config.tie_word_embeddings;
+        let lazy = |name: &str| -> Option<burn::module::Param<burn::tensor::Tensor<2>>> {
+            // The LM head, or the embedding when tied (the head's blocks are the embedding's).
+            if name == "lm_head.weight" || name == "model.embed_tokens.weight" && tied {
+                return head.as_ref().map(|m| m.lazy_weight(false, device));
+            }
+            let rest = name.strip_prefix("model.layers.")?;
+            let (layer, module) = rest.split_once('.')?;
+            // The projections in `LayerPacks` order: q, k, v, o, gate, up, down.
+            let slot = gguf::LAYER_MODULES[2..]
+                .iter()
+                .position(|(_, hf)| module.strip_suffix(".weight") == Some(*hf))?;
+            layers.get(layer.parse::<usize>().ok()?)?[slot]
+                .as_ref()
+                .map(|m| m.lazy_weight(true, device))
+        };
+        let mut model = weights::load_with(&source, config, ComputeDType::F32, device, &lazy)?;
+        let mut packed = packed::Packed::with_host(layers, head, &model);
+        packed.lean = true;
+        tracing::debug!(matrices = packed.count(), "kept GGUF blocks for decoding");
+        model.packed = Some(std::sync::Arc::new(packed));
         Ok(model)
     }
 
@@ -164,6 +188,29 @@ impl Llama {
         self.packed.is_some()
     }
 
+    /// For a lean model ([`load_for_inference`](Self::load_for_inference) on the CPU), how
+    /// many of the weights held in blocks (projections, and the LM head or the tied
+    /// embedding) also have their f32 copy made, of how many: `(0, n)`
+    /// while only the blocks are read; a path that needs a weight in f32 (training, merging,
+    /// saving, the per-operation path over more than 32 rows, another device) makes it then.
+    /// `None` for a model that holds its f32 weights from the start.
+    pub fn f32_copies_made(&self) -> Option<(usize, usize)> {
+        let packed = self.packed.as_ref().filter(|p| p.lean)?;
+        let mut weights: Vec<&burn::module::Param<burn::tensor::Tensor<2>>> = Vec::new();
+        for (layer, packs) in self.layers.iter().zip(&packed.layers) {
+            for (p, pack) in layer.projections().iter().zip(packs) {
+                if pack.is_some() {
+                    weights.push(&p.base.weight);
+                }
+            }
+        }
+        if packed.head.is_some() {
+            weights.push(self.head_param());
+        }
+        let made = weights.iter().filter(|w| w.is_initialized()).count();
+        Some((made, weights.len()))
+    }
+
     /// Decoding from packed GGUF blocks with 8-bit activations, as llama.cpp's CPU backend
     /// computes: each product's input rows are quantised to 8-bit blocks of 32 (Q8_1) and
     /// meet the weights' blocks in integer dot products (AVX2, or AVX-512 VNNI where the CPU
@@ -188,15 +235,16 @@ impl Llama {
     /// still add their own product, and a model whose base weights change afterwards (merged
     /// adapters, training) must call it again.
     pub fn with_q8_0_weights(mut self, on: bool) -> Self {
-        self.packed = (on && self.embed_tokens.weight.val().device() == Device::flex())
+        self.packed = (on && self.embed_tokens.weight.lazy_device() == Device::flex())
             .then(|| std::sync::Arc::new(packed::Packed::q8_0_from_weights(&self)));
         self
     }
 
-    /// Decoding passes of a few rows (up to 32: a decode step, a speculative verification)
-    /// run each decoder layer on the host, in one call, where the model decodes from packed
-    /// blocks (the default): plain f32 rows through the same kernels as Burn's per-operation
-    /// path, bit-identical to it, without a tensor operation per step of the layer. `false`
+    /// Decoding passes of a few rows (up to 32: a decode step, a speculative verification;
+    /// any number through the KV cache for a lean model, prefill included) run each decoder
+    /// layer on the host, in one call, where the model decodes from packed blocks (the
+    /// default): plain f32 rows through the same kernels as Burn's per-operation path,
+    /// bit-identical to it, without a tensor operation per step of the layer. `false`
     /// keeps the per-operation path (for comparisons). No effect without packed blocks, with
     /// adapters attached, with dropout, or below AVX2.
     pub fn with_host_layers(mut self, on: bool) -> Self {

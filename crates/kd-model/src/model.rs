@@ -7,8 +7,7 @@
 
 use burn::module::Module;
 use burn::nn::{Embedding, RmsNorm};
-use burn::tensor::module::linear;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 use kd_lora::{LoraLinear, derive_seed};
 
 use crate::batch::{ForwardOptions, HiddenStates, TokenBatch};
@@ -19,9 +18,12 @@ use crate::ops;
 use crate::rope::Rope;
 use crate::skinny;
 
+mod head;
 mod host;
 mod layer;
 
+pub use head::LmHead;
+pub(crate) use head::trains;
 pub(crate) use host::HostLayer;
 use layer::rms_norm;
 pub use layer::{Attention, DecoderLayer, Mlp};
@@ -262,7 +264,7 @@ impl Llama {
 
     /// The dtype of the weights, which is the dtype activations are computed in.
     pub fn dtype(&self) -> DType {
-        self.embed_tokens.weight.val().dtype()
+        self.embedding_meta().1
     }
 
     /// An empty KV cache sized for this model (its capacity grows as tokens arrive).
@@ -343,8 +345,7 @@ impl Llama {
             )));
         }
 
-        let device = self.embed_tokens.weight.device();
-        let dtype = self.dtype();
+        let (device, dtype, _) = self.embedding_meta();
         let empty = KvCache::new(0);
         let past_cache = cache.as_deref().unwrap_or(&empty);
         let past = past_cache.len();
@@ -358,11 +359,7 @@ impl Llama {
             &device,
         )?;
 
-        let ids = Tensor::<2, Int>::from_data(
-            TensorData::new(batch.ids().iter().map(|i| *i as i64).collect(), [b, s]),
-            &device,
-        );
-        let mut x = self.embed_tokens.forward(ids);
+        let mut x = self.embed(batch, &device);
         let mut collected: Vec<Option<Tensor<3>>> = vec![None; wanted.len()];
         let mut record = |index: usize, x: &Tensor<3>| {
             for (slot, w) in wanted.iter().enumerate() {
@@ -466,60 +463,24 @@ impl Llama {
     /// The host copies of every layer's norms and biases when a pass of `rows` rows decodes
     /// on the host (`model::host`): packed blocks for every projection, no adapter, no
     /// dropout, f32 on the CPU backend without autodiff, and no more rows than the packed
-    /// products serve.
+    /// products serve faster than a GEMM — any number for a lean model, which has no f32
+    /// copy for the GEMM to read.
     fn layers_on_host(&self, rows: usize, options: &ForwardOptions) -> Option<&[HostLayer]> {
-        let host = self.packed.as_ref()?.host.as_deref()?;
-        let weight = self.embed_tokens.weight.val();
-        let applies = rows <= skinny::MAX_ROWS
+        let packed = self.packed.as_ref()?;
+        let host = packed.host.as_deref()?;
+        let (device, dtype, autodiff) = self.embedding_meta();
+        let applies = (rows <= skinny::MAX_ROWS || packed.lean)
             && skinny::avx2()
             && options.dropout_seed.is_none()
-            && !weight.is_autodiff()
-            && ops::applies(&weight.device(), weight.dtype())
+            && !autodiff
+            && ops::applies(&device, dtype)
             && self.layers.iter().all(|l| {
                 l.projections()
                     .iter()
-                    .all(|p| p.adapter.is_none() && !p.base.weight.is_require_grad())
+                    .all(|p| p.adapter.is_none() && !trains(&p.base.weight))
             });
         applies.then_some(host)
     }
-
-    /// The LM head's weight `[vocab, hidden]` (the embedding matrix when tied), for losses
-    /// that fuse the head with the loss (`kd_loss::linear_cross_entropy`).
-    pub fn lm_head_weight(&self) -> Tensor<2> {
-        match &self.lm_head {
-            Some(head) => head.weight.val(),
-            None => self.embed_tokens.weight.val(),
-        }
-    }
-
-    /// Applies the LM head (or the tied embedding) to hidden states `[batch, seq, hidden]`.
-    pub fn lm_head_forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let weight = self.lm_head_weight();
-        let [b, s, d] = x.dims();
-        // Decoding: a few rows against the vocabulary matrix; a general GEMM would repack the
-        // whole matrix on every call.
-        let flat = x.clone().reshape([b * s, d]);
-        if let Some(head) = self.packed.as_ref().and_then(|p| p.head.as_ref())
-            && skinny::applies(&flat, &weight)
-        {
-            let y = crate::packed::packed_project(head, flat);
-            let v = y.dims()[1];
-            return y.reshape([b, s, v]);
-        }
-        if skinny::applies(&flat, &weight) {
-            let y = skinny::skinny_matmul_t(flat, weight);
-            let v = y.dims()[1];
-            return y.reshape([b, s, v]);
-        }
-        linear(x, weight.transpose(), None)
-    }
-}
-
-/// The untied LM head, stored as checkpoints store it: `[vocab, hidden]`.
-#[derive(Module, Debug)]
-pub struct LmHead {
-    /// `lm_head.weight`, `[vocab, hidden]`.
-    pub weight: burn::module::Param<Tensor<2>>,
 }
 
 /// The boolean mask `[batch, seq, past + seq]`, row-major (`true` = masked): a query sees

@@ -1,6 +1,8 @@
 //! Decoding straight from a GGUF file's quantised blocks: Q8_0, Q4_0 and Q4_1 projection
 //! weights (and a tied embedding used as the LM head) kept as the file stores them, `[out,
-//! in]` rows of 32-value blocks, next to the f32 copy every other path uses.
+//! in]` rows of 32-value blocks. A model loaded for inference is lean: the f32 copy that every
+//! other path (training, merging, saving, other devices) uses is made from the blocks only
+//! when such a path first reads it ([`PackedMatrix::lazy_weight`]).
 //!
 //! Decoding reads every weight once per generated token, so its speed is the memory traffic:
 //! a Q4_1 block is 20 bytes for 32 weights where f32 is 128. The kernels dequantise each
@@ -14,9 +16,13 @@
 //! [`Llama::merge_and_unload`](crate::Llama::merge_and_unload) drops them, and only
 //! [`Llama::load_for_inference`](crate::Llama::load_for_inference) creates them.
 
-use burn::tensor::{Tensor, TensorData};
+use std::sync::Arc;
+
+use burn::module::{Param, ParamId};
+use burn::tensor::{Device, Shape, Tensor, TensorData};
 use half::f16;
 use kd_gguf::{GgmlType, GgufFile};
+use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul};
 use rayon::prelude::*;
 
 use crate::model::{HostLayer, LayerPacks};
@@ -34,13 +40,21 @@ pub(crate) struct Packed {
     /// Per layer, the norms and biases a host decode pass reads (see `model::host`); `None`
     /// when some layer is not fully packed, or its small weights are not f32.
     pub host: Option<Vec<HostLayer>>,
+    /// The model was loaded lean: the f32 weights these blocks hold are made only when a
+    /// path reads them ([`PackedMatrix::lazy_weight`]), so every pass the host layers can
+    /// take, however wide, takes them (and the LM head reads its blocks).
+    pub lean: bool,
 }
 
 impl Packed {
-    /// The blocks of every projection of a GGUF file stored as Q8_0/Q4_0/Q4_1, with the
-    /// queries' and keys' rows put back in Hugging Face order.
-    pub fn from_gguf(file: &GgufFile, model: &crate::Llama) -> Self {
-        let c = model.config();
+    /// The packed matrices of a GGUF file for a model of configuration `c`: per layer q, k,
+    /// v, o, gate, up, down, and the LM head (`output.weight`, or the tied embedding); the
+    /// blocks of every tensor stored as Q8_0/Q4_0/Q4_1, the queries' and keys' rows put back
+    /// in Hugging Face order.
+    pub fn matrices(
+        file: &GgufFile,
+        c: &crate::LlamaConfig,
+    ) -> (Vec<LayerPacks>, Option<PackedMatrix>) {
         let get = |name: &str, heads: Option<usize>| -> Option<PackedMatrix> {
             let t = file.tensor(name)?;
             let [rows, cols] = t.shape()[..] else {
@@ -74,12 +88,12 @@ impl Packed {
         } else {
             get("output.weight", None)
         };
-        Self::with_host(layers, head, model)
+        (layers, head)
     }
 
     /// The packs with the host copies of `model`'s norms and biases, where every projection
     /// of every layer is packed.
-    fn with_host(
+    pub fn with_host(
         layers: Vec<LayerPacks>,
         head: Option<PackedMatrix>,
         model: &crate::Llama,
@@ -88,6 +102,7 @@ impl Packed {
             layers,
             head,
             host: None,
+            lean: false,
         };
         packed.set_host(Some(model));
         packed
@@ -124,6 +139,7 @@ impl Packed {
                 .host
                 .as_ref()
                 .map(|h| keep.iter().map(|&i| h[i].clone()).collect()),
+            lean: self.lean,
         }
     }
 
@@ -172,24 +188,26 @@ pub struct PackedMatrix {
     ty: GgmlType,
     rows: usize,
     cols: usize,
-    bytes: Vec<u8>,
+    /// The file's blocks, row by row (shared: clones, and a lean model's lazy f32 weights,
+    /// read the same bytes).
+    bytes: Arc<[u8]>,
     /// Each block's scale as f32, `[rows, cols / 32]` (for the integer kernels).
-    d: Vec<f32>,
+    d: Arc<[f32]>,
     /// Each Q4_1 block's minimum as f32 (empty for the other types).
-    m: Vec<f32>,
+    m: Arc<[f32]>,
     /// Whether products quantise their input to 8 bits ([`q8`]) instead of dequantising.
     int8: bool,
 }
 
 /// The f16 scales (and Q4_1's minimums) of every block, as f32.
-fn block_scales(ty: GgmlType, bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+fn block_scales(ty: GgmlType, bytes: &[u8]) -> (Arc<[f32]>, Arc<[f32]>) {
     let size = ty.block().expect("a supported type").1;
     let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     let d = bytes.chunks_exact(size).map(|b| half(b, 0)).collect();
     let m = if ty == GgmlType::Q4_1 {
         bytes.chunks_exact(size).map(|b| half(b, 2)).collect()
     } else {
-        Vec::new()
+        Arc::from(Vec::new())
     };
     (d, m)
 }
@@ -208,6 +226,13 @@ impl std::fmt::Debug for PackedMatrix {
 
 /// Output rows per parallel task.
 const ROWS_PER_TASK: usize = 64;
+
+/// Input rows the f32-activation kernels take at a time (even: the AVX2 kernel pairs rows).
+const INPUT_TILE: usize = 32;
+
+/// Input rows from which an f32 product dequantises its weights once and runs a GEMM (only a
+/// lean model's wide passes have so many: the others take Burn's GEMM on their f32 copies).
+const WIDE_PASS: usize = 64;
 
 /// `[n, rows[m]]` for each matrix `m`, all in one parallel job of tasks of [`ROWS_PER_TASK`]
 /// matrix rows: `kernel(m, j0..j0 + nb, acc)` writes outputs `j0..j0 + nb` of matrix `m` for
@@ -284,7 +309,7 @@ impl PackedMatrix {
             ty,
             rows,
             cols,
-            bytes: bytes.to_vec(),
+            bytes: bytes.into(),
             d,
             m,
             int8: false,
@@ -320,7 +345,7 @@ impl PackedMatrix {
         }
         let (d, m) = block_scales(self.ty, &out);
         Some(Self {
-            bytes: out,
+            bytes: out.into(),
             d,
             m,
             ..self
@@ -331,6 +356,54 @@ impl PackedMatrix {
     fn row_bytes(&self) -> usize {
         let (block, size) = self.ty.block().expect("a supported type");
         self.cols / block * size
+    }
+
+    /// The matrix `[rows, cols]` in f32: exactly the values `kd_gguf::dequantize` gives the
+    /// file's blocks (the values every f32 path of a GGUF model computes with).
+    pub(crate) fn dequantize(&self) -> Vec<f32> {
+        let mut w = vec![0f32; self.rows * self.cols];
+        kd_gguf::dequantize(self.ty, &self.bytes, &mut w).expect("blocks of a supported type");
+        w
+    }
+
+    /// The f32 weight these blocks hold, made only when a path reads it: a parameter of
+    /// shape `[cols, rows]` (a Burn `Linear`'s `[in, out]`) when `transpose`, else `[rows,
+    /// cols]` (an LM head's or an embedding's layout), on `device`.
+    pub(crate) fn lazy_weight(&self, transpose: bool, device: &Device) -> Param<Tensor<2>> {
+        let m = self.clone();
+        let shape = if transpose {
+            [self.cols, self.rows]
+        } else {
+            [self.rows, self.cols]
+        };
+        Param::uninitialized(
+            ParamId::new(),
+            move |device, require_grad| {
+                let data =
+                    crate::weights::transpose_data(m.dequantize(), vec![m.rows, m.cols], transpose);
+                Tensor::<2>::from_data(data, device).set_require_grad(require_grad)
+            },
+            device.clone(),
+            false,
+            Shape::new(shape),
+        )
+    }
+
+    /// Rows `ids` of the matrix in f32 (an embedding lookup from blocks), `[ids.len(), cols]`;
+    /// the same values as the rows of [`dequantize`](Self::dequantize).
+    pub(crate) fn dequantize_rows(&self, ids: &[usize]) -> Vec<f32> {
+        let rb = self.row_bytes();
+        let mut out = vec![0f32; ids.len() * self.cols];
+        for (dst, &row) in out.chunks_exact_mut(self.cols).zip(ids) {
+            kd_gguf::dequantize(self.ty, &self.bytes[row * rb..(row + 1) * rb], dst)
+                .expect("blocks of a supported type");
+        }
+        out
+    }
+
+    /// Rows and columns: `[out, in]` of a projection.
+    pub(crate) fn dims(&self) -> [usize; 2] {
+        [self.rows, self.cols]
     }
 
     /// `x [n, cols] · selfᵀ` → `[n, rows]` as decoding computes it: from 8-bit activations
@@ -380,8 +453,47 @@ impl PackedMatrix {
         acc: &mut [f32],
     ) {
         let nb = range.len();
-        for (j, row) in range.enumerate() {
-            kernel.dot_row(self.ty, &self.block_row(row), x, n, self.cols, acc, nb, j);
+        if n >= WIDE_PASS {
+            // A wide pass (prefill): the task's rows dequantised once into an f32 block, then
+            // one GEMM over all input rows, instead of dequantising every block again for
+            // each pair of input rows. Each row's sums then follow the GEMM's order.
+            let rb = self.row_bytes();
+            let mut w = vec![0f32; nb * self.cols];
+            kd_gguf::dequantize(
+                self.ty,
+                &self.bytes[range.start * rb..range.end * rb],
+                &mut w,
+            )
+            .expect("blocks of a supported type");
+            let shapes = "packed product shapes";
+            matmul(
+                MatMut::row_major(acc, n, nb).expect(shapes),
+                MatRef::row_major(x, n, self.cols).expect(shapes),
+                MatRef::row_major(&w, nb, self.cols).expect(shapes).t(),
+                Write::Overwrite,
+                1.0,
+                Threads::One,
+            )
+            .expect(shapes);
+            return;
+        }
+        // Input rows in tiles of INPUT_TILE (a multiple of the kernels' row pairs, so that
+        // each row's sum is the same as untiled).
+        for r0 in (0..n).step_by(INPUT_TILE) {
+            let rows = INPUT_TILE.min(n - r0);
+            let (x, acc) = (&x[r0 * self.cols..], &mut acc[r0 * nb..]);
+            for (j, row) in range.clone().enumerate() {
+                kernel.dot_row(
+                    self.ty,
+                    &self.block_row(row),
+                    x,
+                    rows,
+                    self.cols,
+                    acc,
+                    nb,
+                    j,
+                );
+            }
         }
     }
 
@@ -415,180 +527,4 @@ impl PackedMatrix {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A linear congruential generator's high bits.
-    fn lcg(seed: u64) -> impl FnMut() -> u32 {
-        let mut state = seed;
-        move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u32
-        }
-    }
-
-    /// Random `[rows, cols]` blocks of `ty` with finite scales (and Q4_1 minimums), and a
-    /// random input `[n, cols]` in [-1, 1).
-    fn random_case(
-        ty: GgmlType,
-        (rows, cols, n): (usize, usize, usize),
-        next: &mut impl FnMut() -> u32,
-    ) -> (Vec<u8>, Vec<f32>) {
-        let size = ty.block().unwrap().1;
-        let mut bytes = vec![0u8; rows * cols / 32 * size];
-        for b in bytes.iter_mut() {
-            *b = next() as u8;
-        }
-        for blk in bytes.chunks_exact_mut(size) {
-            let scale = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.1 - 0.05);
-            blk[..2].copy_from_slice(&scale.to_le_bytes());
-            if ty == GgmlType::Q4_1 {
-                let m = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.2 - 0.1);
-                blk[2..4].copy_from_slice(&m.to_le_bytes());
-            }
-        }
-        let x = (0..n * cols)
-            .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
-            .collect();
-        (bytes, x)
-    }
-
-    /// Random blocks with finite scales; the packed product against the dequantised f32
-    /// matrix, and the scalar kernel against the AVX2 one bit for bit.
-    #[test]
-    fn packed_products_equal_the_dequantised_ones() {
-        let mut next = lcg(11);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-            let (rows, cols, n) = (70, 96, 5);
-            let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
-            let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
-            let got = p.matmul_t(&x, n);
-            let mut w = vec![0f32; rows * cols];
-            kd_gguf::dequantize(ty, &bytes, &mut w).unwrap();
-            for r in 0..n {
-                for j in 0..rows {
-                    let want: f64 = (0..cols)
-                        .map(|i| x[r * cols + i] as f64 * w[j * cols + i] as f64)
-                        .sum();
-                    let g = got[r * rows + j] as f64;
-                    assert!(
-                        (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                        "{ty:?} {r} {j}"
-                    );
-                }
-            }
-            // Every kernel this CPU has gives the scalar kernel's bits.
-            let scalar = p.matmul_t_with(&x, n, Kernel::Scalar);
-            for k in Kernel::available() {
-                assert_eq!(p.matmul_t_with(&x, n, k), scalar, "{ty:?}: {k:?} vs scalar");
-            }
-            assert_eq!(got, scalar, "{ty:?}: the detected kernel");
-        }
-    }
-
-    /// Every kernel gives each input row the bits it gives that row alone, whatever the
-    /// number of rows (1 to 11: every group size of the SIMD kernels and their remainders):
-    /// a speculative verification of k drafts then agrees with plain decoding exactly.
-    #[test]
-    fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
-        let mut next = lcg(23);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-            let (rows, cols, n) = (9, 160, 11);
-            let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
-            let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
-            for k in Kernel::available() {
-                let alone: Vec<Vec<f32>> = (0..n)
-                    .map(|r| p.matmul_t_with(&x[r * cols..(r + 1) * cols], 1, k))
-                    .collect();
-                for m in 1..=n {
-                    let got = p.matmul_t_with(&x[..m * cols], m, k);
-                    for (r, want) in alone.iter().enumerate().take(m) {
-                        assert_eq!(
-                            &got[r * rows..(r + 1) * rows],
-                            &want[..],
-                            "{ty:?} {k:?} {m}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// Random blocks and inputs: the 8-bit-activation product against the sum it stands for
-    /// (`Σ d_w·d_x·Σ w·q + m_w·s_x` over blocks, in f64 from the dequantised weights and the
-    /// quantised inputs), every kernel this CPU has against the scalar one bit for bit, a row
-    /// alone as in the batch, and the whole against the f32 product within the quantisation's
-    /// error.
-    #[test]
-    fn int8_products_equal_the_integer_reference() {
-        let mut next = lcg(5);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-            // 11 input rows: a group of 8 and a remainder in the SIMD kernels.
-            let (rows, cols, n) = (70, 128, 11);
-            let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
-            let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
-            let xq = Q8Rows::quantize(&x, n, cols);
-            let got = p.matmul_t_q8_with(&xq, q8::Kernel::Scalar);
-            let mut w = vec![0f32; rows * cols];
-            kd_gguf::dequantize(ty, &bytes, &mut w).unwrap();
-            let blocks = cols / 32;
-            let f32_product = p.matmul_t(&x, n);
-            for r in 0..n {
-                for j in 0..rows {
-                    // Σ w·x with x as its 8-bit blocks: q·d_x (the scale at f16 precision;
-                    // Q4_1's offset through s = d·Σq, also at f16 precision).
-                    let mut want = 0f64;
-                    for b in 0..blocks {
-                        let dx = xq.d[r * blocks + b] as f64;
-                        for k in 0..32 {
-                            let i = b * 32 + k;
-                            let wv = w[j * cols + i] as f64;
-                            let qv = xq.q[r * cols + i] as f64;
-                            want += match ty {
-                                GgmlType::Q4_1 => (wv - p.m[j * blocks + b] as f64) * qv * dx,
-                                _ => wv * qv * dx,
-                            };
-                        }
-                        if ty == GgmlType::Q4_1 {
-                            want += p.m[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64;
-                        }
-                    }
-                    let g = got[r * rows + j] as f64;
-                    assert!(
-                        (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                        "{ty:?} {r} {j}: {g} vs {want}"
-                    );
-                    // Against f32 activations: each input off by at most half a step plus
-                    // the scale's f16 rounding (127 steps of 2⁻¹¹ relative), and Q4_1's
-                    // offset term by the f16 rounding of s.
-                    let mut bound = 1e-3;
-                    for i in 0..cols {
-                        bound += (w[j * cols + i] as f64).abs()
-                            * xq.d[r * blocks + i / 32] as f64
-                            * (0.5 + 127.0 / 2048.0 + 1e-3);
-                    }
-                    if ty == GgmlType::Q4_1 {
-                        for b in 0..blocks {
-                            bound += (p.m[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64)
-                                .abs()
-                                / 1024.0;
-                        }
-                    }
-                    let f = f32_product[r * rows + j] as f64;
-                    assert!((g - f).abs() <= bound, "{ty:?} {r} {j}: {g} vs f32 {f}");
-                }
-            }
-            for kernel in q8::Kernel::available() {
-                assert_eq!(p.matmul_t_q8_with(&xq, kernel), got, "{ty:?}: {kernel:?}");
-            }
-            let one = Q8Rows::quantize(&x[..cols], 1, cols);
-            assert_eq!(
-                p.matmul_t_q8(&one),
-                got[..rows].to_vec(),
-                "{ty:?}: row alone"
-            );
-        }
-    }
-}
+mod tests;

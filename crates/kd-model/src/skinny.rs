@@ -318,13 +318,18 @@ impl SkinnyMatmulBackend for Flex {
 /// the CPU backend, and SIMD kernels at the level in use. Without them (other architectures,
 /// or `KD_SIMD=scalar`) the general GEMM is faster than a scalar FMA chain per output.
 pub fn applies(x: &Tensor<2>, w: &Tensor<2>) -> bool {
+    applies_to_input(x, MAX_ROWS) && !w.is_autodiff() && w.dtype() == DType::F32
+}
+
+/// The input's half of [`applies`]: at most `max_rows` rows of plain f32 on the CPU backend,
+/// and SIMD kernels at the level in use (what a packed matrix, whose weights are f32 blocks on
+/// the host by construction, needs).
+pub fn applies_to_input(x: &Tensor<2>, max_rows: usize) -> bool {
     let [rows, _] = x.dims();
-    rows <= MAX_ROWS
+    rows <= max_rows
         && avx2()
         && !x.is_autodiff()
-        && !w.is_autodiff()
         && x.dtype() == DType::F32
-        && w.dtype() == DType::F32
         && x.device() == burn::tensor::Device::flex()
 }
 

@@ -13,6 +13,11 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
+mod save;
+
+pub(crate) use save::save;
+pub use save::{SaveDType, write_atomic, write_safetensors};
+
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::model::{DecoderLayer, Llama, LmHead, Mlp};
@@ -264,22 +269,12 @@ impl ComputeDType {
     }
 }
 
-/// Loads a model from a tensor source, checking every tensor against the configuration first.
-pub(crate) fn load(
-    ck: &dyn TensorSource,
-    config: LlamaConfig,
-    dtype: ComputeDType,
-    device: &Device,
-) -> Result<Llama> {
-    if dtype == ComputeDType::BF16 && !device.supports_dtype(DType::BF16) {
-        return Err(ModelError::Device {
-            name: format!("{device:?}"),
-            message: "bf16 arithmetic is not supported on this device; load in f32".into(),
-        });
-    }
+/// Every tensor the configuration implies is stored with its shape, and nothing else is
+/// (but what loading ignores); all problems in one error. The number of tensors expected.
+fn check_shapes(ck: &dyn TensorSource, config: &LlamaConfig) -> Result<usize> {
     let dir = ck.origin();
     let stored = ck.shapes()?;
-    let expected = expected_tensors(&config);
+    let expected = expected_tensors(config);
     let mut problems = Vec::new();
     let expected_names: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
     for (name, shape) in &expected {
@@ -305,7 +300,40 @@ pub(crate) fn load(
             problems,
         });
     }
-    tracing::debug!(dir = %dir.display(), tensors = expected.len(), "loading weights");
+    Ok(expected.len())
+}
+
+/// Loads a model from a tensor source, checking every tensor against the configuration first.
+pub(crate) fn load(
+    ck: &dyn TensorSource,
+    config: LlamaConfig,
+    dtype: ComputeDType,
+    device: &Device,
+) -> Result<Llama> {
+    load_with(ck, config, dtype, device, &|_| None)
+}
+
+/// A 2-D weight made from elsewhere than the source, under its checkpoint name (a lean GGUF
+/// model's projections, whose f32 values come from their blocks only when a path reads them).
+pub(crate) type LazyWeights<'a> = &'a dyn Fn(&str) -> Option<Param<Tensor<2>>>;
+
+/// [`load`], with the 2-D weights `lazy` gives taken from it instead of read.
+pub(crate) fn load_with(
+    ck: &dyn TensorSource,
+    config: LlamaConfig,
+    dtype: ComputeDType,
+    device: &Device,
+    lazy: LazyWeights<'_>,
+) -> Result<Llama> {
+    if dtype == ComputeDType::BF16 && !device.supports_dtype(DType::BF16) {
+        return Err(ModelError::Device {
+            name: format!("{device:?}"),
+            message: "bf16 arithmetic is not supported on this device; load in f32".into(),
+        });
+    }
+    let dir = ck.origin();
+    let tensors = check_shapes(ck, &config)?;
+    tracing::debug!(dir = %dir.display(), tensors, "loading weights");
 
     let dt = dtype.burn();
     let tensor = |name: &str, transpose: bool| -> Result<Tensor<2>> {
@@ -317,9 +345,15 @@ pub(crate) fn load(
     let vector = |name: &str| -> Result<Tensor<1>> {
         Ok(Tensor::from_data(ck.read(name, dt, false)?, (device, dt)))
     };
+    let weight = |name: &str, transpose: bool| -> Result<Param<Tensor<2>>> {
+        match lazy(name) {
+            Some(param) => Ok(param),
+            None => Ok(Param::from_tensor(tensor(name, transpose)?)),
+        }
+    };
     let linear = |name: &str, bias: bool| -> Result<LoraLinear> {
         Ok(LoraLinear::new(Linear {
-            weight: Param::from_tensor(tensor(&format!("{name}.weight"), true)?),
+            weight: weight(&format!("{name}.weight"), true)?,
             bias: if bias {
                 Some(Param::from_tensor(vector(&format!("{name}.bias"))?))
             } else {
@@ -335,7 +369,7 @@ pub(crate) fn load(
     };
 
     let embed_tokens = Embedding {
-        weight: Param::from_tensor(tensor("model.embed_tokens.weight", false)?),
+        weight: weight("model.embed_tokens.weight", false)?,
     };
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for l in 0..config.num_hidden_layers {
@@ -372,7 +406,7 @@ pub(crate) fn load(
         None
     } else {
         Some(LmHead {
-            weight: Param::from_tensor(tensor("lm_head.weight", false)?),
+            weight: weight("lm_head.weight", false)?,
         })
     };
     Ok(Llama::from_parts(
@@ -382,209 +416,4 @@ pub(crate) fn load(
         norm,
         lm_head,
     ))
-}
-
-/// Every weight of a model under its checkpoint name, in checkpoint layout (`[out, in]`).
-pub(crate) fn named_tensors(model: &Llama) -> Vec<(String, TensorData)> {
-    let mut out = Vec::new();
-    let mut put = |name: String, t: TensorData| out.push((name, t));
-    let linear = |put: &mut dyn FnMut(String, TensorData), name: &str, l: &Linear| {
-        put(
-            format!("{name}.weight"),
-            l.weight.val().transpose().into_data(),
-        );
-        if let Some(b) = &l.bias {
-            put(format!("{name}.bias"), b.val().into_data());
-        }
-    };
-    put(
-        "model.embed_tokens.weight".into(),
-        model.embed_tokens.weight.val().into_data(),
-    );
-    for (l, layer) in model.layers.iter().enumerate() {
-        let p = format!("model.layers.{l}");
-        put(
-            format!("{p}.input_layernorm.weight"),
-            layer.input_layernorm.gamma.val().into_data(),
-        );
-        let a = &layer.self_attn;
-        for (n, proj) in [
-            ("q_proj", &a.q_proj),
-            ("k_proj", &a.k_proj),
-            ("v_proj", &a.v_proj),
-            ("o_proj", &a.o_proj),
-        ] {
-            linear(&mut put, &format!("{p}.self_attn.{n}"), &proj.base);
-        }
-        for (n, norm) in [("q_norm", &a.q_norm), ("k_norm", &a.k_norm)] {
-            if let Some(norm) = norm {
-                put(
-                    format!("{p}.self_attn.{n}.weight"),
-                    norm.gamma.val().into_data(),
-                );
-            }
-        }
-        put(
-            format!("{p}.post_attention_layernorm.weight"),
-            layer.post_attention_layernorm.gamma.val().into_data(),
-        );
-        let m = &layer.mlp;
-        for (n, proj) in [
-            ("gate_proj", &m.gate_proj),
-            ("up_proj", &m.up_proj),
-            ("down_proj", &m.down_proj),
-        ] {
-            linear(&mut put, &format!("{p}.mlp.{n}"), &proj.base);
-        }
-    }
-    put(
-        "model.norm.weight".into(),
-        model.norm.gamma.val().into_data(),
-    );
-    if let Some(head) = &model.lm_head {
-        put("lm_head.weight".into(), head.weight.val().into_data());
-    }
-    out
-}
-
-/// The dtype weights are written in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SaveDType {
-    /// float32.
-    F32,
-    /// bfloat16 (what the hub's Llama checkpoints use).
-    BF16,
-    /// float16.
-    F16,
-}
-
-/// Serialises tensors into one safetensors file at `path`, atomically (temporary file in the
-/// same directory, then rename), with `{"format": "pt"}` metadata as transformers expects.
-pub fn write_safetensors(
-    path: &Path,
-    tensors: &[(String, TensorData)],
-    dtype: SaveDType,
-) -> Result<()> {
-    struct View {
-        dtype: Dtype,
-        shape: Vec<usize>,
-        bytes: Vec<u8>,
-    }
-    impl safetensors::View for &View {
-        fn dtype(&self) -> Dtype {
-            self.dtype
-        }
-        fn shape(&self) -> &[usize] {
-            &self.shape
-        }
-        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-            std::borrow::Cow::Borrowed(&self.bytes)
-        }
-        fn data_len(&self) -> usize {
-            self.bytes.len()
-        }
-    }
-    let views: Vec<(String, View)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let values: Vec<f32> = t.clone().try_into_vec_as::<f32>().expect("float data");
-            let (dt, bytes): (Dtype, Vec<u8>) = match dtype {
-                SaveDType::F32 => (
-                    Dtype::F32,
-                    values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                ),
-                SaveDType::BF16 => (
-                    Dtype::BF16,
-                    values
-                        .iter()
-                        .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
-                        .collect(),
-                ),
-                SaveDType::F16 => (
-                    Dtype::F16,
-                    values
-                        .iter()
-                        .flat_map(|v| f16::from_f32(*v).to_le_bytes())
-                        .collect(),
-                ),
-            };
-            (
-                name.clone(),
-                View {
-                    dtype: dt,
-                    shape: t.shape().to_vec(),
-                    bytes,
-                },
-            )
-        })
-        .collect();
-    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-    let bytes = safetensors::serialize(views.iter().map(|(n, v)| (n.as_str(), v)), metadata)
-        .map_err(|e| ModelError::Safetensors {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-    write_atomic(path, &bytes)
-}
-
-/// Writes `bytes` to `path` atomically ([`kd_kernels::write_atomic`]: temporary file, fsync,
-/// rename, fsync of the directory), so that a crash never leaves a half-written file under
-/// the final name.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    kd_kernels::write_atomic(path, bytes).map_err(|e| ModelError::io(path, e))
-}
-
-/// Saves weights in Hugging Face layout: `model.safetensors`, or shards of at most
-/// `max_shard_bytes` named `model-0000i-of-0000n.safetensors` plus the index.
-pub(crate) fn save(
-    model: &Llama,
-    dir: &Path,
-    dtype: SaveDType,
-    max_shard_bytes: usize,
-) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-    let elem = match dtype {
-        SaveDType::F32 => 4,
-        SaveDType::BF16 | SaveDType::F16 => 2,
-    };
-    let tensors = named_tensors(model);
-    let mut shards: Vec<Vec<(String, TensorData)>> = vec![Vec::new()];
-    let mut current = 0usize;
-    let mut total = 0usize;
-    for (name, t) in tensors {
-        let size = t.num_elements() * elem;
-        if current > 0 && current + size > max_shard_bytes {
-            shards.push(Vec::new());
-            current = 0;
-        }
-        current += size;
-        total += size;
-        shards
-            .last_mut()
-            .expect("one shard at least")
-            .push((name, t));
-    }
-    // A stale file of the other layout would be picked up by loaders: remove it.
-    if shards.len() == 1 {
-        write_safetensors(&dir.join(SINGLE_FILE), &shards[0], dtype)?;
-        let _ = std::fs::remove_file(dir.join(INDEX_FILE));
-        return Ok(());
-    }
-    let n = shards.len();
-    let mut weight_map = serde_json::Map::new();
-    for (i, shard) in shards.iter().enumerate() {
-        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
-        write_safetensors(&dir.join(&file), shard, dtype)?;
-        for (name, _) in shard {
-            weight_map.insert(name.clone(), file.clone().into());
-        }
-    }
-    let index = serde_json::json!({
-        "metadata": {"total_size": total},
-        "weight_map": weight_map,
-    });
-    let text = serde_json::to_string_pretty(&index).expect("JSON values serialise");
-    write_atomic(&dir.join(INDEX_FILE), text.as_bytes())?;
-    let _ = std::fs::remove_file(dir.join(SINGLE_FILE));
-    Ok(())
 }

@@ -174,8 +174,8 @@ fn decode_note(model: &std::path::Path, devices: &[burn::tensor::Device]) -> Str
     }
     match Llama::packed_projections(model) {
         Ok(Some((n, total))) if n == total => format!(
-            "; decodes from its {n} Q8_0/Q4 projections, each layer on the host in passes of \
-             up to 32 rows"
+            "; decodes from its {n} Q8_0/Q4 projections alone (no f32 copy of them is made), \
+             each layer on the host"
         ),
         Ok(Some((0, _))) => {
             "; decodes from f32 copies (no Q8_0/Q4_0/Q4_1 projection in the file)".into()

@@ -263,16 +263,10 @@ pub fn kd_row(
     scale: f32,
 ) -> RowStats {
     let (ms_full, s_neg_inf, s_bad) = scan(student);
-    let (t_bad, t_neg_inf) = match teacher {
-        TeacherRow::Full(t) => {
-            let (_, ni, bad) = scan(t);
-            (bad, ni)
-        }
-        TeacherRow::Sparse { values, .. } => {
-            let (_, ni, bad) = scan(values);
-            (bad, ni)
-        }
-    };
+    let (_, t_neg_inf, t_bad) = scan(match teacher {
+        TeacherRow::Full(t) => t,
+        TeacherRow::Sparse { values, .. } => values,
+    });
     if s_bad || t_bad {
         if let Some(g) = grad {
             g.fill(0.0);

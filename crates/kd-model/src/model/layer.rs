@@ -242,14 +242,27 @@ fn project(
 ) -> Tensor<3> {
     let [b, s, d] = x.dims();
     if b * s <= skinny::MAX_ROWS {
-        let weight = p.base.weight.val();
         let flat = x.clone().reshape([b * s, d]);
-        if skinny::applies(&flat, &weight) {
-            let out = weight.dims()[1];
-            let y = match packed {
-                Some(m) => crate::packed::packed_project(m, flat),
-                None => skinny::skinny_matmul(flat, weight),
-            };
+        // A packed matrix needs nothing of the f32 weight (a lean model's is not made).
+        let packed = packed.filter(|_| {
+            skinny::applies_to_input(&flat, skinny::MAX_ROWS)
+                && (!p.base.weight.is_initialized() || {
+                    let w = p.base.weight.val();
+                    !w.is_autodiff() && w.dtype() == burn::tensor::DType::F32
+                })
+        });
+        let dense = || {
+            let weight = p.base.weight.val();
+            skinny::applies(&flat, &weight).then_some(weight)
+        };
+        let y = match packed {
+            Some(m) => Some((crate::packed::packed_project(m, flat.clone()), m.dims()[0])),
+            None => dense().map(|w| {
+                let out = w.dims()[1];
+                (skinny::skinny_matmul(flat.clone(), w), out)
+            }),
+        };
+        if let Some((y, out)) = y {
             let mut y = y.reshape([b, s, out]);
             if let Some(bias) = &p.base.bias {
                 y = y + bias.val().reshape([1, 1, out]);

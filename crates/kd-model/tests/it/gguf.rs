@@ -435,3 +435,110 @@ fn smollm2_int8_activations_agree_with_f32_activations() {
         );
     }
 }
+
+/// `load_for_inference` on the CPU is lean: SmolLM2's 210 projections and its tied embedding
+/// stay in their blocks, and a cached prefill of whole prompts (31 to 38 tokens: three passes
+/// wider than 32 rows, which the host layers take when lean) and greedy decoding make no f32
+/// copy where the CPU
+/// runs the host layers (AVX2). The logits stay within the reference's bound of
+/// transformers' and give its argmax at every position; the copies a path asks for later are
+/// the eager loader's values bit for bit.
+#[test]
+fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
+    let dev = cpu();
+    let lean = Llama::load_for_inference(smollm2(), &dev).unwrap();
+    assert_eq!(lean.f32_copies_made(), Some((0, 30 * 7 + 1)));
+    assert_eq!(
+        Llama::load(smollm2(), &dev).unwrap().f32_copies_made(),
+        None
+    );
+    let host = kd_kernels::cpu::level() >= kd_kernels::cpu::SimdLevel::Avx2;
+    let g = json("smollm2-logits.json");
+    let reference = Reference::load("gguf-smollm2");
+    let v = lean.config().vocab_size;
+    for (i, p) in g["prompts"].as_array().unwrap().iter().enumerate() {
+        let ids = ids(&p["ids"]);
+        let mut cache = lean.new_cache();
+        let pass = lean
+            .forward_cached(
+                &TokenBatch::single(&ids),
+                &mut cache,
+                &kd_model::ForwardOptions::default(),
+            )
+            .unwrap();
+        let logits = to_vec(pass.into_logits().unwrap());
+        let argmax = self::ids(&p["argmax"]);
+        let mut first = Vec::new();
+        for (t, row) in logits.chunks_exact(v).enumerate() {
+            first.extend_from_slice(&row[..1024]);
+            assert_eq!(
+                self::argmax(row) as u32,
+                argmax[t],
+                "prompt {i} position {t}"
+            );
+        }
+        let key = format!("logits.{i}");
+        reference.check(&format!("lean SmolLM2 prompt {i}"), &key, &first, None);
+    }
+    // Two prompts as one 75-token pass: wide enough for the products' GEMM over blocks
+    // dequantised per task. Against the eager model's f32 GEMM: within twice the reference's
+    // bound, and the same greedy continuation.
+    let eager = Llama::load(smollm2(), &dev).unwrap();
+    let mut long = ids(&g["prompts"][0]["ids"]);
+    long.extend(ids(&g["prompts"][1]["ids"]));
+    let mut cache = lean.new_cache();
+    let pass = lean
+        .forward_cached(
+            &TokenBatch::single(&long),
+            &mut cache,
+            &kd_model::ForwardOptions::default(),
+        )
+        .unwrap();
+    let a = to_vec(pass.into_logits().unwrap());
+    let b = to_vec(eager.logits(&TokenBatch::single(&long)).unwrap());
+    let d = max_abs_diff(&a, &b);
+    let bound = 2.0 * reference.bound("logits.0");
+    assert!(
+        d <= bound,
+        "75-token pass: lean vs f32 max |Δ| {d} > {bound}"
+    );
+    let seeded = [kd_model::SeededPrompt {
+        ids: &long,
+        seed: 0,
+    }];
+    let mut options = kd_model::GenerateOptions::greedy(8);
+    options.stop_token_ids = vec![u32::MAX];
+    let out = lean.generate(&seeded, &options).unwrap();
+    assert_eq!(
+        out[0].ids,
+        eager.generate(&seeded, &options).unwrap()[0].ids
+    );
+    if host {
+        assert_eq!(lean.f32_copies_made(), Some((0, 211)), "no f32 copy made");
+    }
+    // A copy made on demand is the eager loader's weight bit for bit: a Llama-permuted query
+    // and key projection, a value and a down projection, and the tied embedding.
+    let bits = |t: burn::tensor::Tensor<2>| -> Vec<u32> {
+        let v: Vec<f32> = t.into_data().try_to_vec().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    };
+    let (l, e) = (&lean.layers, &eager.layers);
+    for (a, b) in [
+        (&l[0].self_attn.q_proj, &e[0].self_attn.q_proj),
+        (&l[3].self_attn.k_proj, &e[3].self_attn.k_proj),
+        (&l[7].self_attn.v_proj, &e[7].self_attn.v_proj),
+        (&l[29].mlp.down_proj, &e[29].mlp.down_proj),
+    ] {
+        assert_eq!(bits(a.base.weight.val()), bits(b.base.weight.val()));
+    }
+    assert_eq!(
+        bits(lean.embed_tokens.weight.val()),
+        bits(eager.embed_tokens.weight.val())
+    );
+    let made = if host {
+        5
+    } else {
+        lean.f32_copies_made().unwrap().0
+    };
+    assert_eq!(lean.f32_copies_made(), Some((made, 211)));
+}
