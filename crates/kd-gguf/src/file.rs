@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use memmap2::Mmap;
 
 use crate::dequant::{DequantError, GgmlType, dequantize};
@@ -42,7 +44,8 @@ impl TensorInfo {
 /// An open GGUF file: its metadata and tensor descriptions, with the tensor data memory-mapped.
 pub struct GgufFile {
     path: PathBuf,
-    map: Mmap,
+    /// Shared with the [`SharedBytes`] handed out, which keep it mapped.
+    map: Arc<Mmap>,
     version: u32,
     metadata: BTreeMap<String, Value>,
     tensors: Vec<TensorInfo>,
@@ -360,7 +363,7 @@ impl GgufFile {
         );
         Ok(Self {
             path,
-            map,
+            map: Arc::new(map),
             version,
             metadata,
             tensors,
@@ -507,6 +510,22 @@ impl GgufFile {
         Ok(&self.map[start..start + t.size as usize])
     }
 
+    /// [`tensor_bytes`](Self::tensor_bytes) without a copy, held beyond this handle: the
+    /// bytes keep the file mapped (read-only; like every memory-mapped model loader, this
+    /// relies on the file not being truncated or rewritten while they live). The pages are
+    /// the file's, shared with the page cache, not the process's own memory.
+    pub fn shared_tensor_bytes(&self, name: &str) -> Result<SharedBytes> {
+        let t = self.require_tensor(name)?;
+        if t.ty.block().is_none() {
+            return Err(self.unsupported(t));
+        }
+        let start = (self.data_start + t.offset) as usize;
+        Ok(SharedBytes(Shared::Mapped(
+            Arc::clone(&self.map),
+            start..start + t.size as usize,
+        )))
+    }
+
     fn unsupported(&self, t: &TensorInfo) -> GgufError {
         GgufError::UnsupportedType {
             path: self.path.clone(),
@@ -534,5 +553,47 @@ impl GgufFile {
             },
         })?;
         Ok(out)
+    }
+}
+
+/// Bytes held by reference count: a range of a mapped GGUF file
+/// ([`GgufFile::shared_tensor_bytes`]), or bytes of their own. Cheap to clone.
+#[derive(Clone)]
+pub struct SharedBytes(Shared);
+
+#[derive(Clone)]
+enum Shared {
+    Mapped(Arc<Mmap>, std::ops::Range<usize>),
+    Owned(Arc<[u8]>),
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Shared::Mapped(map, range) => &map[range.clone()],
+            Shared::Owned(bytes) => bytes,
+        }
+    }
+}
+
+impl From<Vec<u8>> for SharedBytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self(Shared::Owned(bytes.into()))
+    }
+}
+
+impl SharedBytes {
+    /// Whether the bytes are a mapped file's (not the process's own memory).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Shared::Mapped(..))
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.is_mapped() { "mapped" } else { "owned" };
+        write!(f, "SharedBytes({} bytes, {kind})", self.len())
     }
 }

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 pub use dequant::{BlockFn, DequantError, GgmlType, block_dequantizer, dequantize};
 pub use error::{GgufError, Result};
-pub use file::{GgufFile, TensorInfo};
+pub use file::{GgufFile, SharedBytes, TensorInfo};
 pub use quant::quantize_q8_0;
 pub use value::Value;
 pub use write::GgufWriter;

@@ -122,6 +122,15 @@ fn reads_metadata_and_tensors() {
     assert_eq!(w.ty, GgmlType::F32);
     assert_eq!(g.dequantize("w").unwrap(), [1., 2., 3., 4., 5., 6.]);
     assert_eq!(g.dequantize("v").unwrap(), [0.5, -2.0]);
+    // Shared bytes: the mapped tensor itself, still readable once the file handle is gone.
+    let shared = g.shared_tensor_bytes("w").unwrap();
+    assert!(shared.is_mapped());
+    assert_eq!(&shared[..], g.tensor_bytes("w").unwrap());
+    assert!(g.shared_tensor_bytes("absent").is_err());
+    drop(g);
+    assert_eq!(&shared[..], &f32_bytes(&[1., 2., 3., 4., 5., 6.])[..]);
+    let owned = kd_gguf::SharedBytes::from(vec![1u8, 2]);
+    assert!(!owned.is_mapped() && owned[..] == [1, 2]);
 }
 
 #[test]

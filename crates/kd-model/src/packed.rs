@@ -21,7 +21,7 @@ use std::sync::Arc;
 use burn::module::{Param, ParamId};
 use burn::tensor::{Device, Shape, Tensor, TensorData};
 use half::f16;
-use kd_gguf::{GgmlType, GgufFile};
+use kd_gguf::{GgmlType, GgufFile, SharedBytes};
 use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul};
 use rayon::prelude::*;
 
@@ -60,8 +60,8 @@ impl Packed {
             let [rows, cols] = t.shape()[..] else {
                 return None;
             };
-            let bytes = file.tensor_bytes(name).ok()?;
-            let m = PackedMatrix::new(t.ty, rows, cols, bytes)?;
+            let bytes = file.shared_tensor_bytes(name).ok()?;
+            let m = PackedMatrix::shared(t.ty, rows, cols, bytes)?;
             match heads {
                 Some(h) => m.unpermute_rows(h),
                 None => Some(m),
@@ -188,9 +188,9 @@ pub struct PackedMatrix {
     ty: GgmlType,
     rows: usize,
     cols: usize,
-    /// The file's blocks, row by row (shared: clones, and a lean model's lazy f32 weights,
-    /// read the same bytes).
-    bytes: Arc<[u8]>,
+    /// The blocks, row by row: the mapped file's own pages where its rows are in order, else
+    /// a copy (shared: clones, and a lean model's lazy f32 weights, read the same bytes).
+    bytes: SharedBytes,
     /// Each block's scale as f32, `[rows, cols / 32]` (for the integer kernels).
     d: Arc<[f32]>,
     /// Each Q4_1 block's minimum as f32 (empty for the other types).
@@ -297,6 +297,17 @@ impl PackedMatrix {
     /// Wraps the raw blocks of a `[rows, cols]` tensor; `None` for another type or a size
     /// that does not match.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Option<Self> {
+        Self::shared(ty, rows, cols, bytes.to_vec().into())
+    }
+
+    /// [`new`](Self::new) over bytes held elsewhere (a mapped GGUF file's tensor), not
+    /// copied.
+    pub(crate) fn shared(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: SharedBytes,
+    ) -> Option<Self> {
         if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) {
             return None;
         }
@@ -304,12 +315,12 @@ impl PackedMatrix {
         if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * size {
             return None;
         }
-        let (d, m) = block_scales(ty, bytes);
+        let (d, m) = block_scales(ty, &bytes);
         Some(Self {
             ty,
             rows,
             cols,
-            bytes: bytes.into(),
+            bytes,
             d,
             m,
             int8: false,
