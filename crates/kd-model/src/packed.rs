@@ -227,6 +227,9 @@ impl std::fmt::Debug for PackedMatrix {
 /// Output rows per parallel task.
 const ROWS_PER_TASK: usize = 64;
 
+/// Output rows per parallel task of a wide pass ([`WIDE_PASS`] input rows or more).
+const WIDE_ROWS_PER_TASK: usize = 256;
+
 /// Input rows the f32-activation kernels take at a time (even: the AVX2 kernel pairs rows).
 const INPUT_TILE: usize = 32;
 
@@ -242,15 +245,21 @@ fn par_rows_of(
     n: usize,
     kernel: impl Fn(usize, std::ops::Range<usize>, &mut [f32]) + Sync,
 ) -> Vec<Vec<f32>> {
+    // A wide pass's tasks each run a GEMM: fewer, larger ones block better.
+    let per_task = if n >= WIDE_PASS {
+        WIDE_ROWS_PER_TASK
+    } else {
+        ROWS_PER_TASK
+    };
     let tasks: Vec<(usize, usize)> = rows
         .iter()
         .enumerate()
-        .flat_map(|(m, &r)| (0..r).step_by(ROWS_PER_TASK).map(move |j0| (m, j0)))
+        .flat_map(|(m, &r)| (0..r).step_by(per_task).map(move |j0| (m, j0)))
         .collect();
     let parts: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(m, j0)| {
-            let nb = ROWS_PER_TASK.min(rows[m] - j0);
+            let nb = per_task.min(rows[m] - j0);
             let mut acc = vec![0f32; n * nb];
             kernel(m, j0..j0 + nb, &mut acc);
             acc
