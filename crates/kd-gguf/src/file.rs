@@ -502,12 +502,7 @@ impl GgufFile {
 
     /// The raw bytes of a tensor's data (checked against the file's size when it was opened).
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
-        let t = self.require_tensor(name)?;
-        if t.ty.block().is_none() {
-            return Err(self.unsupported(t));
-        }
-        let start = (self.data_start + t.offset) as usize;
-        Ok(&self.map[start..start + t.size as usize])
+        Ok(&self.map[self.tensor_range(name)?])
     }
 
     /// [`tensor_bytes`](Self::tensor_bytes) without a copy, held beyond this handle: the
@@ -515,15 +510,18 @@ impl GgufFile {
     /// relies on the file not being truncated or rewritten while they live). The pages are
     /// the file's, shared with the page cache, not the process's own memory.
     pub fn shared_tensor_bytes(&self, name: &str) -> Result<SharedBytes> {
+        let range = self.tensor_range(name)?;
+        Ok(SharedBytes(Shared::Mapped(Arc::clone(&self.map), range)))
+    }
+
+    /// Where a tensor of a supported type lies in the map.
+    fn tensor_range(&self, name: &str) -> Result<std::ops::Range<usize>> {
         let t = self.require_tensor(name)?;
         if t.ty.block().is_none() {
             return Err(self.unsupported(t));
         }
         let start = (self.data_start + t.offset) as usize;
-        Ok(SharedBytes(Shared::Mapped(
-            Arc::clone(&self.map),
-            start..start + t.size as usize,
-        )))
+        Ok(start..start + t.size as usize)
     }
 
     fn unsupported(&self, t: &TensorInfo) -> GgufError {

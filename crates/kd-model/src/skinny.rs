@@ -318,7 +318,12 @@ impl SkinnyMatmulBackend for Flex {
 /// the CPU backend, and SIMD kernels at the level in use. Without them (other architectures,
 /// or `KD_SIMD=scalar`) the general GEMM is faster than a scalar FMA chain per output.
 pub fn applies(x: &Tensor<2>, w: &Tensor<2>) -> bool {
-    applies_to_input(x, MAX_ROWS) && !w.is_autodiff() && w.dtype() == DType::F32
+    applies_to_input(x, MAX_ROWS) && applies_to_weight(w)
+}
+
+/// The weight's half of [`applies`]: plain f32, no autodiff.
+pub fn applies_to_weight(w: &Tensor<2>) -> bool {
+    !w.is_autodiff() && w.dtype() == DType::F32
 }
 
 /// The input's half of [`applies`]: at most `max_rows` rows of plain f32 on the CPU backend,

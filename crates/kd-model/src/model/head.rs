@@ -68,27 +68,23 @@ impl Llama {
     pub fn lm_head_forward(&self, x: Tensor<3>) -> Tensor<3> {
         let [b, s, d] = x.dims();
         let flat = x.clone().reshape([b * s, d]);
-        // A lean model reads its head's blocks for any number of rows (its f32 weight is
-        // made only for the paths that need it).
+        // Decoding: a few rows against the vocabulary matrix's blocks. A lean model reads
+        // them for any number of rows, and decides without making its f32 weight.
         if let Some(packed) = self.packed.as_ref()
             && let Some(head) = packed.head.as_ref()
-            && packed.lean
-            && skinny::applies_to_input(&flat, usize::MAX)
-            && !trains(self.head_param())
         {
-            let y = crate::packed::packed_project(head, flat);
-            return y.reshape([b, s, head.dims()[0]]);
+            let applies = if packed.lean {
+                skinny::applies_to_input(&flat, usize::MAX) && !trains(self.head_param())
+            } else {
+                skinny::applies(&flat, &self.lm_head_weight())
+            };
+            if applies {
+                let y = crate::packed::packed_project(head, flat);
+                return y.reshape([b, s, head.dims()[0]]);
+            }
         }
         let weight = self.lm_head_weight();
-        // Decoding: a few rows against the vocabulary matrix; a general GEMM would repack the
-        // whole matrix on every call.
-        if let Some(head) = self.packed.as_ref().and_then(|p| p.head.as_ref())
-            && skinny::applies(&flat, &weight)
-        {
-            let y = crate::packed::packed_project(head, flat);
-            let v = y.dims()[1];
-            return y.reshape([b, s, v]);
-        }
+        // A general GEMM would repack the whole matrix on every call.
         if skinny::applies(&flat, &weight) {
             let y = skinny::skinny_matmul_t(flat, weight);
             let v = y.dims()[1];

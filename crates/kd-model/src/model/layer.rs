@@ -246,10 +246,8 @@ fn project(
         // A packed matrix needs nothing of the f32 weight (a lean model's is not made).
         let packed = packed.filter(|_| {
             skinny::applies_to_input(&flat, skinny::MAX_ROWS)
-                && (!p.base.weight.is_initialized() || {
-                    let w = p.base.weight.val();
-                    !w.is_autodiff() && w.dtype() == burn::tensor::DType::F32
-                })
+                && (!p.base.weight.is_initialized()
+                    || skinny::applies_to_weight(&p.base.weight.val()))
         });
         let dense = || {
             let weight = p.base.weight.val();

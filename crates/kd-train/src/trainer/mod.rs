@@ -182,8 +182,6 @@ struct Session<'s> {
     started: Instant,
     /// The current epoch's micro-batches.
     plan: BatchPlan,
-    /// The epoch position the last step reached, as a fraction of epochs.
-    epoch_f: f64,
 }
 
 impl<'s> Session<'s> {
@@ -274,7 +272,6 @@ impl<'s> Session<'s> {
             summary,
             started: Instant::now(),
             plan,
-            epoch_f: 0.0,
         };
         Ok((session, model))
     }
@@ -368,13 +365,12 @@ impl<'s> Session<'s> {
     fn log(&mut self, outcome: &StepOutcome, observer: &mut dyn TrainObserver) -> Result<()> {
         let state = &self.state;
         self.window.add(outcome);
-        self.epoch_f =
-            state.epoch as f64 + state.next_micro_batch as f64 / self.plan.len().max(1) as f64;
+        let epoch_f = self.epoch_f();
         if state.global_step.is_multiple_of(self.config.logging_steps)
             || state.global_step == self.run.total_steps
         {
             let record = self.window.record(
-                (state.global_step, self.epoch_f),
+                (state.global_step, epoch_f),
                 outcome,
                 self.started.elapsed().as_secs_f64(),
             );
@@ -387,8 +383,13 @@ impl<'s> Session<'s> {
             self.window = MetricsWindow::new();
         }
         self.history.global_step = state.global_step;
-        self.history.epoch = self.epoch_f;
+        self.history.epoch = epoch_f;
         Ok(())
+    }
+
+    /// The data position as a fraction of epochs.
+    fn epoch_f(&self) -> f64 {
+        self.state.epoch as f64 + self.state.next_micro_batch as f64 / self.plan.len().max(1) as f64
     }
 
     /// Whether the last step ended an epoch.
