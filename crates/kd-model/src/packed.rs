@@ -382,8 +382,15 @@ impl PackedMatrix {
     /// file's blocks (the values every f32 path of a GGUF model computes with).
     pub(crate) fn dequantize(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.rows * self.cols];
-        kd_gguf::dequantize(self.ty, &self.bytes, &mut w).expect("blocks of a supported type");
+        self.dequantize_into(0..self.rows, &mut w);
         w
+    }
+
+    /// Matrix rows `rows` in f32 into `dst` (`[rows.len(), cols]`).
+    fn dequantize_into(&self, rows: std::ops::Range<usize>, dst: &mut [f32]) {
+        let rb = self.row_bytes();
+        kd_gguf::dequantize(self.ty, &self.bytes[rows.start * rb..rows.end * rb], dst)
+            .expect("blocks of a supported type");
     }
 
     /// The f32 weight these blocks hold, made only when a path reads it: a parameter of
@@ -412,11 +419,9 @@ impl PackedMatrix {
     /// Rows `ids` of the matrix in f32 (an embedding lookup from blocks), `[ids.len(), cols]`;
     /// the same values as the rows of [`dequantize`](Self::dequantize).
     pub(crate) fn dequantize_rows(&self, ids: &[usize]) -> Vec<f32> {
-        let rb = self.row_bytes();
         let mut out = vec![0f32; ids.len() * self.cols];
         for (dst, &row) in out.chunks_exact_mut(self.cols).zip(ids) {
-            kd_gguf::dequantize(self.ty, &self.bytes[row * rb..(row + 1) * rb], dst)
-                .expect("blocks of a supported type");
+            self.dequantize_into(row..row + 1, dst);
         }
         out
     }
@@ -477,14 +482,8 @@ impl PackedMatrix {
             // A wide pass (prefill): the task's rows dequantised once into an f32 block, then
             // one GEMM over all input rows, instead of dequantising every block again for
             // each pair of input rows. Each row's sums then follow the GEMM's order.
-            let rb = self.row_bytes();
             let mut w = vec![0f32; nb * self.cols];
-            kd_gguf::dequantize(
-                self.ty,
-                &self.bytes[range.start * rb..range.end * rb],
-                &mut w,
-            )
-            .expect("blocks of a supported type");
+            self.dequantize_into(range.clone(), &mut w);
             let shapes = "packed product shapes";
             matmul(
                 MatMut::row_major(acc, n, nb).expect(shapes),
