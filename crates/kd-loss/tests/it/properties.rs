@@ -8,8 +8,14 @@ use crate::util::*;
 
 const PATHS: [KernelPath; 2] = [KernelPath::Fused, KernelPath::Reference];
 
+/// The device's generator is shared by the tests, which run in parallel threads: seeding and
+/// drawing hold this lock, so that each draw comes from its own seed (without it, another
+/// test's seed taken between them once gave a student equal to its teacher).
+static DEVICE_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn logits(rows: usize, vocab: usize, seed: u64) -> Tensor<2> {
     let device = cpu();
+    let _draw = DEVICE_RNG.lock().unwrap_or_else(|e| e.into_inner());
     device.seed(seed);
     Tensor::random([rows, vocab], Distribution::Normal(0.0, 2.0), &device)
 }
