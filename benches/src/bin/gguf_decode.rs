@@ -5,11 +5,12 @@
 //!
 //! Our decode time is measured as the time of `prompt + N` tokens minus the time of
 //! `prompt + 1` token (the prefill and the first token), over `(N − 1) · batch` tokens.
-//! Ours three times: with the weights dequantised to f32 (`Llama::load`), with the Q8_0/Q4
-//! blocks kept for decoding (`Llama::load_for_inference`) and f32 activations, and with the
-//! blocks meeting 8-bit activations in integer dot products (`with_int8_activations`, as
-//! llama.cpp computes); the last two are compared with llama.cpp. `--verify 2,5,9` also times
-//! single cached passes over that many new tokens (a speculative verification's shape).
+//! Ours three times: with the weights dequantised to f32 (`Llama::load`), with the quantised
+//! blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) kept for decoding (`Llama::load_for_inference`)
+//! and f32 activations, and with the blocks meeting 8-bit activations in integer dot products
+//! (`with_int8_activations`, as llama.cpp computes); the last two are compared with llama.cpp.
+//! `--verify 2,5,9` also times single cached passes over that many new tokens (a speculative
+//! verification's shape).
 //!
 //! `cargo run --release -p kd-benches --bin gguf_decode -- --llama-cpp-bin target/llama.cpp/bin`
 
@@ -105,7 +106,7 @@ fn main() -> Result<()> {
             match label {
                 "f32" => "dequantised to f32",
                 "packed" =>
-                    "lean: the Q8_0/Q4 blocks, f32 copies made only on demand; f32 activations",
+                    "lean: the quantised blocks, f32 copies made only on demand; f32 activations",
                 "packed-ops" =>
                     "the same blocks, each layer as Burn operations (f32 copies for wide passes)",
                 _ => "the blocks with 8-bit activations, integer dot products",

@@ -249,9 +249,14 @@ fn q4_1(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// ggml's `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j` of a Q4_K/Q5_K
-/// super-block, packed in 12 bytes.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+/// ggml's `get_scale_min_k4`: the 6-bit scale and minimum of sub-block `j` (0–7) of a
+/// Q4_K/Q5_K super-block, from the super-block's 12 bytes of packed scales `q` (its bytes
+/// 4..16). Packed-block kernels read them with it too.
+///
+/// # Panics
+/// If `j > 7` or `q` is shorter than 12 bytes.
+#[inline]
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

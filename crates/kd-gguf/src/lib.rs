@@ -32,7 +32,7 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
-pub use dequant::{BlockFn, DequantError, GgmlType, block_dequantizer, dequantize};
+pub use dequant::{BlockFn, DequantError, GgmlType, block_dequantizer, dequantize, scale_min_k4};
 pub use error::{GgufError, Result};
 pub use file::{GgufFile, SharedBytes, TensorInfo};
 pub use quant::quantize_q8_0;

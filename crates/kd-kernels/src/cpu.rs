@@ -23,7 +23,7 @@ pub const SIMD_ENV: &str = "KD_SIMD";
 pub enum SimdLevel {
     /// The baseline target (SSE2 on x86-64; NEON-free code elsewhere).
     Scalar,
-    /// x86-64-v3: AVX2, FMA, BMI1/2, LZCNT (what `pulp::x86::V3` requires).
+    /// x86-64-v3: AVX2, FMA, F16C, BMI1/2, LZCNT (what `pulp::x86::V3` requires).
     Avx2,
     /// x86-64-v4: AVX-512 F, BW, CD, DQ, VL on top of v3 (what `pulp::x86::V4` requires).
     Avx512,
@@ -75,6 +75,7 @@ fn detect() -> SimdLevel {
     let v3 = has!("avx")
         && has!("avx2")
         && has!("fma")
+        && has!("f16c")
         && has!("bmi1")
         && has!("bmi2")
         && has!("lzcnt")

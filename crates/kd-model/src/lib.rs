@@ -154,7 +154,7 @@ impl Llama {
     /// How [`load_for_inference`](Self::load_for_inference) would decode the model at
     /// `path` on the CPU: for a GGUF file (or a directory holding one), how many of its
     /// decoder projections (q, k, v, o, gate, up, down of every layer) are stored as Q8_0,
-    /// Q4_0 or Q4_1, which decoding reads packed, and how many there are. When all are, passes
+    /// Q4_0, Q4_1, Q4_K, Q5_K or Q6_K, which decoding reads packed, and how many there are. When all are, passes
     /// of up to 32 rows run each layer on the host ([`with_host_layers`](Self::with_host_layers)).
     /// `None` for a Hugging Face directory. Reads only the file's header.
     pub fn packed_projections(path: impl AsRef<Path>) -> Result<Option<(usize, usize)>> {
@@ -171,14 +171,7 @@ impl Llama {
             .collect();
         let packed = (0..layers)
             .flat_map(|l| names.iter().map(move |m| format!("blk.{l}.{m}.weight")))
-            .filter(|n| {
-                g.tensor(n).is_some_and(|t| {
-                    matches!(
-                        t.ty,
-                        kd_gguf::GgmlType::Q8_0 | kd_gguf::GgmlType::Q4_0 | kd_gguf::GgmlType::Q4_1
-                    )
-                })
-            })
+            .filter(|n| g.tensor(n).is_some_and(|t| packed::group::packable(t.ty)))
             .count();
         Ok(Some((packed, layers * names.len())))
     }

@@ -1,12 +1,13 @@
-//! Decoding straight from a GGUF file's quantised blocks: Q8_0, Q4_0 and Q4_1 projection
-//! weights (and a tied embedding used as the LM head) kept as the file stores them, `[out,
-//! in]` rows of 32-value blocks. A model loaded for inference is lean: the f32 copy that every
+//! Decoding straight from a GGUF file's quantised blocks: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and
+//! Q6_K projection weights (and a tied embedding used as the LM head) kept as the file stores
+//! them, `[out, in]` rows of 32-value blocks or 256-value super-blocks, scales included (no
+//! f32 copy of any scale: the kernels read them from the blocks, see [`group`]). A model loaded for inference is lean: the f32 copy that every
 //! other path (training, merging, saving, other devices) uses is made from the blocks only
 //! when such a path first reads it ([`PackedMatrix::lazy_weight`]).
 //!
 //! Decoding reads every weight once per generated token, so its speed is the memory traffic:
 //! a Q4_1 block is 20 bytes for 32 weights where f32 is 128. The kernels dequantise each
-//! block in registers with exactly the operations of ggml's reference dequantisation (the
+//! group of 32 weights in registers with exactly the operations of ggml's reference dequantisation (the
 //! values are bit-identical to the f32 copy's), then multiply-accumulate in f32; only the
 //! order of the additions differs from the f32 kernels. Each output is a sum over one input
 //! row, so a row's result does not depend on the other rows of the batch.
@@ -16,18 +17,16 @@
 //! [`Llama::merge_and_unload`](crate::Llama::merge_and_unload) drops them, and only
 //! [`Llama::load_for_inference`](crate::Llama::load_for_inference) creates them.
 
-use std::sync::Arc;
-
 use burn::module::{Param, ParamId};
 use burn::tensor::{Device, Shape, Tensor, TensorData};
-use half::f16;
 use kd_gguf::{GgmlType, GgufFile, SharedBytes};
 use kd_kernels::gemm::{MatMut, MatRef, Threads, Write, matmul};
 use rayon::prelude::*;
 
 use crate::model::{HostLayer, LayerPacks};
-use crate::q8::{self, BlockRow, Q8Rows};
+use crate::q8::{self, Q8Rows};
 
+pub(crate) mod group;
 mod kernels;
 use kernels::Kernel;
 
@@ -49,7 +48,8 @@ pub(crate) struct Packed {
 impl Packed {
     /// The packed matrices of a GGUF file for a model of configuration `c`: per layer q, k,
     /// v, o, gate, up, down, and the LM head (`output.weight`, or the tied embedding); the
-    /// blocks of every tensor stored as Q8_0/Q4_0/Q4_1, the queries' and keys' rows put back
+    /// blocks of every tensor stored in a packed type ([`group::packable`]), the queries' and
+    /// keys' rows put back
     /// in Hugging Face order.
     pub fn matrices(
         file: &GgufFile,
@@ -182,7 +182,8 @@ pub(crate) fn packed_project(m: &PackedMatrix, x: Tensor<2>) -> Tensor<2> {
     Tensor::from_data(TensorData::new(m.project(&xs, n), [n, m.rows]), &device)
 }
 
-/// A `[rows, cols]` matrix (a projection's `[out, in]`) in Q8_0, Q4_0 or Q4_1 blocks.
+/// A `[rows, cols]` matrix (a projection's `[out, in]`) in the blocks of a packed type
+/// ([`group::packable`]).
 #[derive(Clone)]
 pub struct PackedMatrix {
     ty: GgmlType,
@@ -191,25 +192,8 @@ pub struct PackedMatrix {
     /// The blocks, row by row: the mapped file's own pages where its rows are in order, else
     /// a copy (shared: clones, and a lean model's lazy f32 weights, read the same bytes).
     bytes: SharedBytes,
-    /// Each block's scale as f32, `[rows, cols / 32]` (for the integer kernels).
-    d: Arc<[f32]>,
-    /// Each Q4_1 block's minimum as f32 (empty for the other types).
-    m: Arc<[f32]>,
     /// Whether products quantise their input to 8 bits ([`q8`]) instead of dequantising.
     int8: bool,
-}
-
-/// The f16 scales (and Q4_1's minimums) of every block, as f32.
-fn block_scales(ty: GgmlType, bytes: &[u8]) -> (Arc<[f32]>, Arc<[f32]>) {
-    let size = ty.block().expect("a supported type").1;
-    let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    let d = bytes.chunks_exact(size).map(|b| half(b, 0)).collect();
-    let m = if ty == GgmlType::Q4_1 {
-        bytes.chunks_exact(size).map(|b| half(b, 2)).collect()
-    } else {
-        Arc::from(Vec::new())
-    };
-    (d, m)
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -317,21 +301,18 @@ impl PackedMatrix {
         cols: usize,
         bytes: SharedBytes,
     ) -> Option<Self> {
-        if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) {
+        if !group::packable(ty) {
             return None;
         }
         let (block, size) = ty.block()?;
         if !cols.is_multiple_of(block) || bytes.len() != rows * cols / block * size {
             return None;
         }
-        let (d, m) = block_scales(ty, &bytes);
         Some(Self {
             ty,
             rows,
             cols,
             bytes,
-            d,
-            m,
             int8: false,
         })
     }
@@ -363,11 +344,8 @@ impl PackedMatrix {
         {
             out[dst * rb..(dst + 1) * rb].copy_from_slice(&self.bytes[src * rb..(src + 1) * rb]);
         }
-        let (d, m) = block_scales(self.ty, &out);
         Some(Self {
             bytes: out.into(),
-            d,
-            m,
             ..self
         })
     }
@@ -502,16 +480,7 @@ impl PackedMatrix {
             let rows = INPUT_TILE.min(n - r0);
             let (x, acc) = (&x[r0 * self.cols..], &mut acc[r0 * nb..]);
             for (j, row) in range.clone().enumerate() {
-                kernel.dot_row(
-                    self.ty,
-                    &self.block_row(row),
-                    x,
-                    rows,
-                    self.cols,
-                    acc,
-                    nb,
-                    j,
-                );
+                kernel.dot_row(self.ty, self.block_row(row), x, rows, self.cols, acc, nb, j);
             }
         }
     }
@@ -526,22 +495,14 @@ impl PackedMatrix {
     ) {
         let nb = range.len();
         for (j, row) in range.enumerate() {
-            kernel.dot_row(self.ty, &self.block_row(row), x, acc, nb, j);
+            kernel.dot_row(self.ty, self.block_row(row), x, acc, nb, j);
         }
     }
 
-    /// Matrix row `row`: its blocks, scales and (Q4_1) minimums.
-    fn block_row(&self, row: usize) -> BlockRow<'_> {
-        let (rb, blocks) = (self.row_bytes(), self.cols / 32);
-        BlockRow {
-            bytes: &self.bytes[row * rb..(row + 1) * rb],
-            d: &self.d[row * blocks..(row + 1) * blocks],
-            m: if self.m.is_empty() {
-                &[]
-            } else {
-                &self.m[row * blocks..(row + 1) * blocks]
-            },
-        }
+    /// Matrix row `row`: its blocks as stored.
+    fn block_row(&self, row: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes[row * rb..(row + 1) * rb]
     }
 }
 

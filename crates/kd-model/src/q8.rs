@@ -3,8 +3,10 @@
 //! Q8_0/Q8_1: scale `d = amax / 127`, `q = round(x / d)`, `d` and `s = d·Σq` kept at f16
 //! precision), then each weight block meets each input block in exact integer arithmetic,
 //! `Σ w·q` in eight lanes of four products, scaled by `d_w·d_x` into eight f32 accumulators
-//! (plus `m_w·s_x` for Q4_1's offset, summed apart), the lanes summed at the end in ggml's
-//! order. The integer part is exact at every SIMD level, and the float part is the same
+//! (plus `offset_w·s_x` for the types with an offset — Q4_1, Q4_K, Q5_K — summed apart), the
+//! lanes summed at the end in ggml's order. A weight group is 32 values with their scales as
+//! [`group`](crate::packed::group) reads them (a K-quant super-block is eight groups; a Q6_K
+//! group's two halves have their own scales, so lanes 0–3 and 4–7 scale apart). The integer part is exact at every SIMD level, and the float part is the same
 //! sequence of operations everywhere, so the scalar, AVX2 and AVX-512 VNNI kernels give the
 //! same bits; a row's result does not depend on the other rows of the batch.
 //!
@@ -13,6 +15,8 @@
 
 use half::f16;
 use kd_gguf::GgmlType;
+
+use crate::packed::group::{self, Layout, TYPES};
 
 /// Input rows quantised to 8-bit blocks of 32 (ggml's Q8_1: scale and scaled sum).
 pub(crate) struct Q8Rows {
@@ -61,81 +65,39 @@ impl Q8Rows {
     }
 }
 
-/// The three packed types' blocks, with their scales (and Q4_1's minimums) as f32.
-pub(crate) struct BlockRow<'a> {
-    /// The row's blocks as stored.
-    pub bytes: &'a [u8],
-    /// Per block, `d` as f32.
-    pub d: &'a [f32],
-    /// Per block, Q4_1's `m` as f32 (empty for the other types).
-    pub m: &'a [f32],
-}
-
-/// The 32 weights of block `blk` as they meet the input bytes `0..32`: unsigned nibbles for
-/// Q4_1 (`0..=15`), signed values for Q4_0 (`nibble − 8`) and Q8_0.
-fn block_weights(ty: GgmlType, row: &BlockRow<'_>, blk: usize) -> [i16; 32] {
-    let mut w = [0i16; 32];
-    match ty {
-        GgmlType::Q8_0 => {
-            let b = &row.bytes[blk * 34 + 2..blk * 34 + 34];
-            for (o, v) in w.iter_mut().zip(b) {
-                *o = i16::from(*v as i8);
-            }
-        }
-        GgmlType::Q4_0 | GgmlType::Q4_1 => {
-            let (size, off) = if ty == GgmlType::Q4_0 {
-                (18, 2)
-            } else {
-                (20, 4)
-            };
-            let b = &row.bytes[blk * size + off..blk * size + off + 16];
-            let bias = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-            for (i, v) in b.iter().enumerate() {
-                w[i] = i16::from(v & 0x0F) - bias;
-                w[i + 16] = i16::from(v >> 4) - bias;
-            }
-        }
-        _ => unreachable!("PackedMatrix::new admits Q8_0, Q4_0 and Q4_1 only"),
-    }
-    w
-}
-
 /// The lanes summed as ggml's `hsum_float_8` does.
 fn hsum(l: &[f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
-/// Scalar kernel: output `j` of every row of `x` against one matrix row, into `acc [n, nb]`.
-pub(crate) fn dot_row(
-    ty: GgmlType,
-    row: &BlockRow<'_>,
-    x: &Q8Rows,
-    acc: &mut [f32],
-    nb: usize,
-    j: usize,
-) {
-    let blocks = x.cols / 32;
+/// Scalar kernel: output `j` of every row of `x` against one matrix row (its blocks as
+/// stored, of type `ty`), into `acc [n, nb]`.
+pub(crate) fn dot_row(ty: GgmlType, row: &[u8], x: &Q8Rows, acc: &mut [f32], nb: usize, j: usize) {
+    let layout = Layout::of(ty);
+    let groups = x.cols / 32;
     let mut lanes = vec![[0f32; 8]; x.n];
-    for blk in 0..blocks {
-        let w = block_weights(ty, row, blk);
-        for (r, lane) in lanes.iter_mut().enumerate() {
-            let qs = &x.q[r * x.cols + blk * 32..r * x.cols + blk * 32 + 32];
-            let d = row.d[blk] * x.d[r * blocks + blk];
+    let mut offsets = vec![0f32; x.n];
+    for g in 0..groups {
+        let (at, sub) = layout.locate(g);
+        let block = &row[at..at + layout.size];
+        let w = group::values(ty, block, sub);
+        let sc = group::scales(ty, block, sub, group::halves_to_f32);
+        for (r, (lane, o)) in lanes.iter_mut().zip(&mut offsets).enumerate() {
+            let qs = &x.q[r * x.cols + g * 32..r * x.cols + g * 32 + 32];
+            let dx = x.d[r * groups + g];
             for (l, lv) in lane.iter_mut().enumerate() {
                 let dot: i32 = (4 * l..4 * l + 4)
                     .map(|k| i32::from(w[k]) * i32::from(qs[k]))
                     .sum();
-                *lv = d.mul_add(dot as f32, *lv);
+                *lv = (sc.d[l / 4] * dx).mul_add(dot as f32, *lv);
+            }
+            if group::has_offset(ty) {
+                *o += sc.offset * x.s[r * groups + g];
             }
         }
     }
-    for (r, l) in lanes.iter().enumerate() {
-        let m = if ty == GgmlType::Q4_1 {
-            mins(row, x, r)
-        } else {
-            0.0
-        };
-        acc[r * nb + j] = hsum(l) + m;
+    for (r, (l, o)) in lanes.iter().zip(&offsets).enumerate() {
+        acc[r * nb + j] = hsum(l) + o;
     }
 }
 
@@ -145,89 +107,82 @@ const GROUP: usize = 8;
 
 /// The SIMD kernels, one body compiled for AVX2 (`maddubs` + `madd`) and for AVX-512 VNNI
 /// (`dpbusd` on 256-bit registers): the same integers, the same float operations. `$group`
-/// takes `G` rows at once (accumulators in registers) for one weight type `T` (0 Q8_0, 1
-/// Q4_0, 2 Q4_1), both known at compile time; `$name` splits the rows into such groups.
+/// takes `G` rows at once (accumulators in registers) for one weight type `TYPES[T]`, both
+/// known at compile time; `$name` splits the rows into such groups.
 #[cfg(target_arch = "x86_64")]
 macro_rules! simd_dot_row {
     ($name:ident, $group:ident, $features:literal, $dot:ident) => {
         /// Rows `r0..r0 + G` of `x` against `row` into `out[..G]`.
         #[target_feature(enable = $features)]
         fn $group<const G: usize, const T: u8>(
-            row: &BlockRow<'_>,
+            row: &[u8],
             x: &Q8Rows,
             r0: usize,
             out: &mut [f32; GROUP],
         ) {
             use std::arch::x86_64::*;
-            let blocks = x.cols / 32;
-            let size = [34, 18, 20][T as usize];
+            let ty = TYPES[T as usize];
+            let layout = Layout::of(ty);
+            let groups = x.cols / 32;
             assert!(
                 G <= GROUP
                     && r0 + G <= x.n
-                    && row.bytes.len() == blocks * size
-                    && row.d.len() == blocks
-                    && (T != 2 || row.m.len() == blocks)
+                    && x.cols.is_multiple_of(32 << layout.shift)
+                    && row.len() == (groups >> layout.shift) * layout.size
                     && x.q.len() == x.n * x.cols
-                    && x.d.len() == x.n * blocks
-                    && x.s.len() == x.n * blocks
+                    && x.d.len() == x.n * groups
+                    && x.s.len() == x.n * groups
             );
+            let (unsigned, offset) = (group::unsigned(ty), group::has_offset(ty));
             let mut s = [_mm256_setzero_ps(); G];
-            for blk in 0..blocks {
-                // SAFETY: every load reads within the block (asserted sizes above).
-                let w = unsafe {
-                    let p = row.bytes.as_ptr().add(blk * size);
-                    if T == 0 {
-                        _mm256_loadu_si256(p.add(2) as *const __m256i)
-                    } else {
-                        let qs = _mm_loadu_si128(p.add(if T == 2 { 4 } else { 2 }) as *const __m128i);
-                        let mask = _mm_set1_epi8(0x0F);
-                        let lo = _mm_and_si128(qs, mask);
-                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-                        let w = _mm256_set_m128i(hi, lo);
-                        if T == 2 {
-                            w
-                        } else {
-                            _mm256_sub_epi8(w, _mm256_set1_epi8(8))
-                        }
-                    }
-                };
+            let mut offsets = [0f32; G];
+            for (blk, block) in row.chunks_exact(layout.size).enumerate() {
+                // SAFETY: the kernel's features include F16C.
+                let scales = group::block_scales(ty, block, |h| unsafe { group::halves_f16c(h) });
+                for (sub, sc) in scales.iter().enumerate().take(1 << layout.shift) {
+                let g = (blk << layout.shift) + sub;
+                // SAFETY: `block` is a whole block of `ty` and `sub` one of its groups.
+                let [lo, hi] = unsafe { group::values_sse2(ty, block.as_ptr(), sub) };
+                let w = _mm256_set_m128i(hi, lo);
                 // Unsigned weights meet the inputs as they are; signed ones as |w| and the
                 // inputs with w's sign (ggml's `mul_sum_i8_pairs`): the same products.
-                let a = if T == 2 { w } else { _mm256_sign_epi8(w, w) };
-                let dw = row.d[blk];
-                for (q, sq) in s.iter_mut().enumerate() {
+                let a = if unsigned { w } else { _mm256_sign_epi8(w, w) };
+                for (q, (sq, o)) in s.iter_mut().zip(&mut offsets).enumerate() {
                     let r = r0 + q;
-                    // SAFETY: r * cols + blk * 32 + 32 <= n * cols = x.q.len() (asserted).
+                    // SAFETY: r * cols + g * 32 + 32 <= n * cols = x.q.len() (asserted).
                     let qy = unsafe {
-                        _mm256_loadu_si256(
-                            x.q.as_ptr().add(r * x.cols + blk * 32) as *const __m256i
-                        )
+                        _mm256_loadu_si256(x.q.as_ptr().add(r * x.cols + g * 32) as *const __m256i)
                     };
-                    let b = if T == 2 { qy } else { _mm256_sign_epi8(qy, w) };
+                    let b = if unsigned { qy } else { _mm256_sign_epi8(qy, w) };
                     let dot = $dot(a, b);
-                    let d = _mm256_set1_ps(dw * x.d[r * blocks + blk]);
+                    let dx = x.d[r * groups + g];
+                    let d = _mm256_set_m128(_mm_set1_ps(sc.d[1] * dx), _mm_set1_ps(sc.d[0] * dx));
                     *sq = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *sq);
+                    if offset {
+                        *o += sc.offset * x.s[r * groups + g];
+                    }
+                }
                 }
             }
-            for (q, sq) in s.iter().enumerate() {
+            for (q, (sq, o)) in s.iter().zip(&offsets).enumerate() {
                 let mut l = [0f32; 8];
                 // SAFETY: `l` holds 8 floats.
                 unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *sq) };
-                out[q] = hsum(&l) + if T == 2 { mins(row, x, r0 + q) } else { 0.0 };
+                out[q] = hsum(&l) + o;
             }
         }
 
         #[target_feature(enable = $features)]
         pub(crate) fn $name(
             ty: GgmlType,
-            row: &BlockRow<'_>,
+            row: &[u8],
             x: &Q8Rows,
             acc: &mut [f32],
             nb: usize,
             j: usize,
         ) {
             macro_rules! groups {
-                ($g:expr, $t:literal, $r0:expr, $out:expr) => {
+                ($g:expr, $t:ident, $r0:expr, $out:expr) => {
                     match $g {
                         1 => $group::<1, $t>(row, x, $r0, $out),
                         2 => $group::<2, $t>(row, x, $r0, $out),
@@ -244,12 +199,7 @@ macro_rules! simd_dot_row {
             let mut r0 = 0;
             while r0 < x.n {
                 let g = (x.n - r0).min(GROUP);
-                match ty {
-                    GgmlType::Q8_0 => groups!(g, 0, r0, &mut out),
-                    GgmlType::Q4_0 => groups!(g, 1, r0, &mut out),
-                    GgmlType::Q4_1 => groups!(g, 2, r0, &mut out),
-                    _ => unreachable!("PackedMatrix::new admits Q8_0, Q4_0 and Q4_1 only"),
-                }
+                group::with_type!(ty, T => groups!(g, T, r0, &mut out));
                 for (q, v) in out.iter().enumerate().take(g) {
                     acc[(r0 + q) * nb + j] = *v;
                 }
@@ -257,16 +207,6 @@ macro_rules! simd_dot_row {
             }
         }
     };
-}
-
-/// Q4_1's offset term of row `r`: `Σ m_w·s_x` over the blocks, in block order.
-fn mins(row: &BlockRow<'_>, x: &Q8Rows, r: usize) -> f32 {
-    let blocks = x.cols / 32;
-    let mut sum = 0f32;
-    for (m, s) in row.m.iter().zip(&x.s[r * blocks..(r + 1) * blocks]) {
-        sum += m * s;
-    }
-    sum
 }
 
 /// Eight i32 lanes, each the sum of four `u8 × i8` products (no saturation: |a| <= 128 and
@@ -293,12 +233,12 @@ fn dot_vnni(
 }
 
 #[cfg(target_arch = "x86_64")]
-simd_dot_row!(dot_row_avx2, group_avx2, "avx2,fma", dot_avx2);
+simd_dot_row!(dot_row_avx2, group_avx2, "avx2,fma,f16c", dot_avx2);
 #[cfg(target_arch = "x86_64")]
 simd_dot_row!(
     dot_row_vnni,
     group_vnni,
-    "avx2,fma,avx512f,avx512vnni,avx512vl",
+    "avx2,fma,f16c,avx512f,avx512vnni,avx512vl",
     dot_vnni
 );
 
@@ -352,7 +292,7 @@ impl Kernel {
     pub fn dot_row(
         self,
         ty: GgmlType,
-        row: &BlockRow<'_>,
+        row: &[u8],
         x: &Q8Rows,
         acc: &mut [f32],
         nb: usize,
@@ -362,7 +302,8 @@ impl Kernel {
             Kernel::Scalar => dot_row(ty, row, x, acc, nb, j),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => {
-                // SAFETY: `detect`/`available` chose it only where the CPU has AVX2 and FMA.
+                // SAFETY: `detect`/`available` chose it only where the CPU has AVX2, FMA and
+                // F16C (`SimdLevel::Avx2`).
                 unsafe { dot_row_avx2(ty, row, x, acc, nb, j) }
             }
             #[cfg(target_arch = "x86_64")]

@@ -174,14 +174,15 @@ fn decode_note(model: &std::path::Path, devices: &[burn::tensor::Device]) -> Str
     }
     match Llama::packed_projections(model) {
         Ok(Some((n, total))) if n == total => format!(
-            "; decodes from its {n} Q8_0/Q4 projections alone (no f32 copy of them is made), \
+            "; decodes from its {n} packed projections alone (no f32 copy of them is made), \
              each layer on the host"
         ),
         Ok(Some((0, _))) => {
-            "; decodes from f32 copies (no Q8_0/Q4_0/Q4_1 projection in the file)".into()
+            "; decodes from f32 copies (no Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K projection in the file)"
+                .into()
         }
         Ok(Some((n, total))) => format!(
-            "; decodes {n} of its {total} projections from their Q8_0/Q4 blocks, the rest from \
+            "; decodes {n} of its {total} projections from their quantised blocks, the rest from \
              f32 copies, each layer as tensor operations"
         ),
         _ => String::new(),

@@ -2,6 +2,7 @@
 //! activation types.
 
 use super::*;
+use half::f16;
 
 /// A linear congruential generator's high bits.
 fn lcg(seed: u64) -> impl FnMut() -> u32 {
@@ -14,23 +15,35 @@ fn lcg(seed: u64) -> impl FnMut() -> u32 {
     }
 }
 
-/// Random `[rows, cols]` blocks of `ty` with finite scales (and Q4_1 minimums), and a
-/// random input `[n, cols]` in [-1, 1).
+/// `cols` for the 32-value block types, the next multiple of 256 for the super-block ones.
+fn width(ty: GgmlType, cols: usize) -> usize {
+    let block = ty.block().unwrap().0;
+    cols.div_ceil(block) * block
+}
+
+/// Random `[rows, cols]` blocks of `ty` with finite scales (and minimums: Q4_1's, a
+/// K-quant's super-block minimum), and a random input `[n, cols]` in [-1, 1).
 fn random_case(
     ty: GgmlType,
     (rows, cols, n): (usize, usize, usize),
     next: &mut impl FnMut() -> u32,
 ) -> (Vec<u8>, Vec<f32>) {
-    let size = ty.block().unwrap().1;
-    let mut bytes = vec![0u8; rows * cols / 32 * size];
+    let (block, size) = ty.block().unwrap();
+    let mut bytes = vec![0u8; rows * cols / block * size];
     for b in bytes.iter_mut() {
         *b = next() as u8;
     }
+    // A K-quant's sub-block scales (up to 63, or ±127 for Q6_K) multiply its super-block's.
+    let (at, range) = match ty {
+        GgmlType::Q6K => (208, 0.002),
+        GgmlType::Q4K | GgmlType::Q5K => (0, 0.004),
+        _ => (0, 0.1),
+    };
     for blk in bytes.chunks_exact_mut(size) {
-        let scale = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.1 - 0.05);
-        blk[..2].copy_from_slice(&scale.to_le_bytes());
-        if ty == GgmlType::Q4_1 {
-            let m = f16::from_f32((next() % 1000) as f32 / 1000.0 * 0.2 - 0.1);
+        let scale = f16::from_f32(((next() % 1000) as f32 / 1000.0 - 0.5) * range);
+        blk[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+        if group::has_offset(ty) {
+            let m = f16::from_f32(((next() % 1000) as f32 / 1000.0 - 0.5) * 2.0 * range);
             blk[2..4].copy_from_slice(&m.to_le_bytes());
         }
     }
@@ -45,8 +58,8 @@ fn random_case(
 #[test]
 fn packed_products_equal_the_dequantised_ones() {
     let mut next = lcg(11);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-        let (rows, cols, n) = (70, 96, 5);
+    for ty in group::TYPES {
+        let (rows, cols, n) = (70, width(ty, 96), 5);
         let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
         let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
         let got = p.matmul_t(&x, n);
@@ -81,8 +94,8 @@ fn packed_products_equal_the_dequantised_ones() {
 #[test]
 fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
     let mut next = lcg(23);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-        let (rows, cols, n) = (9, 160, WIDE_PASS + 6);
+    for ty in group::TYPES {
+        let (rows, cols, n) = (9, width(ty, 160), WIDE_PASS + 6);
         let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
         let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
         for k in Kernel::available() {
@@ -114,9 +127,9 @@ fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
 #[test]
 fn int8_products_equal_the_integer_reference() {
     let mut next = lcg(5);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+    for ty in group::TYPES {
         // 11 input rows: a group of 8 and a remainder in the SIMD kernels.
-        let (rows, cols, n) = (70, 128, 11);
+        let (rows, cols, n) = (70, width(ty, 128), 11);
         let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
         let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
         let xq = Q8Rows::quantize(&x, n, cols);
@@ -124,11 +137,21 @@ fn int8_products_equal_the_integer_reference() {
         let mut w = vec![0f32; rows * cols];
         kd_gguf::dequantize(ty, &bytes, &mut w).unwrap();
         let blocks = cols / 32;
+        // Each group's offset (Q4_1's minimum, minus a K-quant's sub-block minimum; 0 for the
+        // types without one), `[rows, cols / 32]`.
+        let layout = group::Layout::of(ty);
+        let offsets: Vec<f32> = (0..rows * blocks)
+            .map(|i| {
+                let (at, sub) = layout.locate(i % blocks);
+                let row = p.block_row(i / blocks);
+                group::scales(ty, &row[at..at + layout.size], sub, group::halves_to_f32).offset
+            })
+            .collect();
         let f32_product = p.matmul_t(&x, n);
         for r in 0..n {
             for j in 0..rows {
                 // Σ w·x with x as its 8-bit blocks: q·d_x (the scale at f16 precision;
-                // Q4_1's offset through s = d·Σq, also at f16 precision).
+                // the offset through s = d·Σq, also at f16 precision).
                 let mut want = 0f64;
                 for b in 0..blocks {
                     let dx = xq.d[r * blocks + b] as f64;
@@ -136,14 +159,9 @@ fn int8_products_equal_the_integer_reference() {
                         let i = b * 32 + k;
                         let wv = w[j * cols + i] as f64;
                         let qv = xq.q[r * cols + i] as f64;
-                        want += match ty {
-                            GgmlType::Q4_1 => (wv - p.m[j * blocks + b] as f64) * qv * dx,
-                            _ => wv * qv * dx,
-                        };
+                        want += (wv - offsets[j * blocks + b] as f64) * qv * dx;
                     }
-                    if ty == GgmlType::Q4_1 {
-                        want += p.m[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64;
-                    }
+                    want += offsets[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64;
                 }
                 let g = got[r * rows + j] as f64;
                 assert!(
@@ -151,19 +169,17 @@ fn int8_products_equal_the_integer_reference() {
                     "{ty:?} {r} {j}: {g} vs {want}"
                 );
                 // Against f32 activations: each input off by at most half a step plus
-                // the scale's f16 rounding (127 steps of 2⁻¹¹ relative), and Q4_1's
-                // offset term by the f16 rounding of s.
+                // the scale's f16 rounding (127 steps of 2⁻¹¹ relative), and the offset
+                // term by the f16 rounding of s.
                 let mut bound = 1e-3;
                 for i in 0..cols {
                     bound += (w[j * cols + i] as f64).abs()
                         * xq.d[r * blocks + i / 32] as f64
                         * (0.5 + 127.0 / 2048.0 + 1e-3);
                 }
-                if ty == GgmlType::Q4_1 {
-                    for b in 0..blocks {
-                        bound += (p.m[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64).abs()
-                            / 1024.0;
-                    }
+                for b in 0..blocks {
+                    bound += (offsets[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64).abs()
+                        / 1024.0;
                 }
                 let f = f32_product[r * rows + j] as f64;
                 assert!((g - f).abs() <= bound, "{ty:?} {r} {j}: {g} vs f32 {f}");
@@ -178,5 +194,61 @@ fn int8_products_equal_the_integer_reference() {
             got[..rows].to_vec(),
             "{ty:?}: row alone"
         );
+    }
+}
+
+/// Each group's `q · scale + offset` is the block's dequantised values bit for bit, and
+/// the SSE2 reading gives the portable one's bytes.
+#[test]
+fn groups_are_the_dequantised_values() {
+    let mut next = lcg(7);
+    for ty in group::TYPES {
+        let (n, size) = ty.block().unwrap();
+        for _ in 0..20 {
+            let mut b: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+            // Finite f16 scales: clear the exponent's top bit.
+            let halves: &[usize] = match ty {
+                GgmlType::Q6K => &[208],
+                GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+                _ => &[0],
+            };
+            for &at in halves {
+                b[at + 1] &= 0b1011_1111;
+            }
+            let mut want = vec![0f32; n];
+            kd_gguf::dequantize(ty, &b, &mut want).unwrap();
+            for sub in 0..n / 32 {
+                let (q, s) = (
+                    group::values(ty, &b, sub),
+                    group::scales(ty, &b, sub, group::halves_to_f32),
+                );
+                for l in 0..32 {
+                    let mut v = q[l] as f32 * s.d[l / 16];
+                    if group::has_offset(ty) {
+                        v += s.offset;
+                    }
+                    assert_eq!(
+                        v.to_bits(),
+                        want[sub * 32 + l].to_bits(),
+                        "{ty:?} {sub} {l}"
+                    );
+                }
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let mut got = [0i8; 32];
+                    // SAFETY: the block is whole; SSE2 is x86-64's baseline.
+                    unsafe {
+                        let v = group::values_sse2(ty, b.as_ptr(), sub);
+                        for (i, r) in v.iter().enumerate() {
+                            std::arch::x86_64::_mm_storeu_si128(
+                                got.as_mut_ptr().add(16 * i) as *mut _,
+                                *r,
+                            );
+                        }
+                    }
+                    assert_eq!(got, q, "{ty:?} {sub}: SSE2");
+                }
+            }
+        }
     }
 }

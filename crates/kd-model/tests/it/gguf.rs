@@ -247,11 +247,12 @@ fn packed_decoding_equals_the_f32_model() {
     let f32_model = Llama::load(tiny_gguf(), &dev).unwrap();
     let packed = Llama::load_for_inference(tiny_gguf(), &dev).unwrap();
     assert!(packed.has_packed_weights() && !f32_model.has_packed_weights());
-    // make_gguf_golden.py's `tiny_type`: attn_v Q4_0, attn_output Q4_1 and ffn_up Q8_0 in each
-    // of the 3 layers; the rest F16, BF16, F32 or K-quants, so the layers stay Burn operations.
+    // make_gguf_golden.py's `tiny_type`: attn_v Q4_0, attn_output Q4_1, ffn_up Q8_0 and
+    // ffn_down Q4_K / Q5_K / Q6_K in each of the 3 layers; the rest F16, BF16 or F32, so the
+    // layers stay Burn operations.
     assert_eq!(
         Llama::packed_projections(tiny_gguf()).unwrap(),
-        Some((9, 21))
+        Some((12, 21))
     );
     assert!(!packed.host_layers());
     let g = json("tiny.json");

@@ -7,6 +7,7 @@ mod autodiff;
 mod eagle3;
 mod generation;
 mod gguf;
+mod kquant;
 mod levels;
 mod lora;
 mod ops;

@@ -220,3 +220,14 @@ impl Reference {
         d
     }
 }
+
+/// A linear congruential generator's high bits, for random test data.
+pub fn lcg(seed: u64) -> impl FnMut() -> u32 {
+    let mut state = seed;
+    move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    }
+}

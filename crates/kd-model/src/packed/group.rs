@@ -1,0 +1,311 @@
+//! A packed row as every kernel reads it: groups of 32 values, each with its quantised values
+//! and the scales that turn them into weights, read straight from the blocks as the file
+//! stores them (no f32 copy of any scale is kept).
+//!
+//! Q8_0, Q4_0 and Q4_1 blocks are one group each. A K-quant super-block (Q4_K, Q5_K, Q6_K:
+//! 256 values) is eight: group `j` of a Q4_K/Q5_K super-block is its sub-block `j` (scale `d ·
+//! sc_j`, minimum `dmin · m_j`); group `j` of a Q6_K super-block holds two sub-blocks of 16
+//! with their own scales `d · sc`. A group's weights are `q · scale (+ offset)`, computed with
+//! exactly the operations of ggml's reference dequantisation (`kd_gguf::dequantize`), so every
+//! kernel meets the f32 copy's values bit for bit:
+//!
+//! | type | q | scale (values 0–15, 16–31) | offset |
+//! |---|---|---|---|
+//! | Q8_0 | signed byte | `d` | — |
+//! | Q4_0 | nibble − 8 | `d` | — |
+//! | Q4_1 | nibble | `d` | `+ m` |
+//! | Q4_K | nibble of sub-block `j` | `d · sc_j` | `− dmin · m_j` |
+//! | Q5_K | nibble + 16 · high bit `j` | `d · sc_j` | `− dmin · m_j` |
+//! | Q6_K | 6 bits − 32 | `d · sc_2k`, `d · sc_2k+1` | — |
+//!
+//! (`a − b` and `a + (−b)` round alike, so the offset is always added.)
+
+use half::f16;
+use kd_gguf::{GgmlType, scale_min_k4};
+
+/// The types whose blocks the kernels read.
+pub(crate) fn packable(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+    )
+}
+
+/// The packed types, by the index a kernel's type parameter takes (see [`with_type!`]).
+pub(crate) const TYPES: [GgmlType; 6] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// `$body` with `$t` a `const u8` naming `$ty`'s index in [`TYPES`], so that a kernel
+/// monomorphised on it reads its type's layout, scales and values with no branch per group.
+///
+/// # Panics
+/// When `$ty` is not a packed type.
+macro_rules! with_type {
+    ($ty:expr, $t:ident => $body:expr) => {
+        match $ty {
+            kd_gguf::GgmlType::Q8_0 => {
+                const $t: u8 = 0;
+                $body
+            }
+            kd_gguf::GgmlType::Q4_0 => {
+                const $t: u8 = 1;
+                $body
+            }
+            kd_gguf::GgmlType::Q4_1 => {
+                const $t: u8 = 2;
+                $body
+            }
+            kd_gguf::GgmlType::Q4K => {
+                const $t: u8 = 3;
+                $body
+            }
+            kd_gguf::GgmlType::Q5K => {
+                const $t: u8 = 4;
+                $body
+            }
+            kd_gguf::GgmlType::Q6K => {
+                const $t: u8 = 5;
+                $body
+            }
+            other => unreachable!("not a packed type: {other:?}"),
+        }
+    };
+}
+pub(crate) use with_type;
+
+/// A packed type's layout: bytes per block, and groups of 32 per block as a power of two.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    /// Bytes per block (or super-block).
+    pub size: usize,
+    /// log2 of the groups per block: 0 for the 32-value blocks, 3 for super-blocks.
+    pub shift: u32,
+}
+
+impl Layout {
+    /// The layout of a [`packable`] type.
+    ///
+    /// # Panics
+    /// For any other type.
+    #[inline]
+    pub fn of(ty: GgmlType) -> Self {
+        assert!(packable(ty), "not a packed type: {ty:?}");
+        let (block, size) = ty.block().expect("a packed type has a block");
+        Self {
+            size,
+            shift: (block / 32).trailing_zeros(),
+        }
+    }
+
+    /// The byte offset of the block holding group `g`, and the group's index in it.
+    #[inline(always)]
+    pub fn locate(self, g: usize) -> (usize, usize) {
+        ((g >> self.shift) * self.size, g & ((1 << self.shift) - 1))
+    }
+}
+
+/// Whether a type's q values are unsigned (`0..=31`; an offset carries the weights' sign).
+#[inline(always)]
+pub(crate) fn unsigned(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::Q5K)
+}
+
+/// Whether a type's groups have an offset.
+#[inline(always)]
+pub(crate) fn has_offset(ty: GgmlType) -> bool {
+    unsigned(ty)
+}
+
+/// A group's scales: values 0–15 are `q · d[0]`, values 16–31 `q · d[1]` (equal but for
+/// Q6_K), then `+ offset` where the type has one (zero otherwise, and not added).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Scales {
+    pub d: [f32; 2],
+    pub offset: f32,
+}
+
+/// The scales of every group of `block` (a whole block or super-block of type `ty`; a
+/// 32-value block's one group is the first), with `halves` converting two f16s (the
+/// little-endian bytes of a `u32`) to f32 (a kernel passes its CPU's instruction). A block's
+/// f16 fields are read as one 32-bit load: the scale with the bytes after it (Q4_1's and the
+/// K-quants' minimum; Q8_0's and Q4_0's first values, unused), or Q6_K's scale with the two
+/// bytes before it. The kernels take a block's scales once, before its groups.
+#[inline(always)]
+pub(crate) fn block_scales(
+    ty: GgmlType,
+    block: &[u8],
+    halves: impl Fn(u32) -> [f32; 2],
+) -> [Scales; 8] {
+    let pair = |at: usize| {
+        halves(u32::from_le_bytes([
+            block[at],
+            block[at + 1],
+            block[at + 2],
+            block[at + 3],
+        ]))
+    };
+    let one = |d: f32, offset: f32| [Scales { d: [d; 2], offset }; 8];
+    match ty {
+        GgmlType::Q4_1 => {
+            let [d, m] = pair(0);
+            one(d, m)
+        }
+        GgmlType::Q4K | GgmlType::Q5K => {
+            let [d, dmin] = pair(0);
+            let scales = &block[4..16];
+            std::array::from_fn(|j| {
+                let (sc, m) = scale_min_k4(j, scales);
+                Scales {
+                    d: [d * sc as f32; 2],
+                    offset: -(dmin * m as f32),
+                }
+            })
+        }
+        GgmlType::Q6K => {
+            let [_, d] = pair(206);
+            let sc = |i: usize| (block[192 + i] as i8) as f32;
+            std::array::from_fn(|j| {
+                let i = (j / 4) * 8 + 2 * (j % 4);
+                Scales {
+                    d: [d * sc(i), d * sc(i + 1)],
+                    offset: 0.0,
+                }
+            })
+        }
+        // Q8_0, Q4_0.
+        _ => one(pair(0)[0], 0.0),
+    }
+}
+
+/// The scales of group `sub` of `block` (see [`block_scales`]).
+pub(crate) fn scales(
+    ty: GgmlType,
+    block: &[u8],
+    sub: usize,
+    halves: impl Fn(u32) -> [f32; 2],
+) -> Scales {
+    block_scales(ty, block, halves)[sub]
+}
+
+/// Two f16s (a `u32`'s little-endian halves) as f32, portably.
+pub(crate) fn halves_to_f32(bits: u32) -> [f32; 2] {
+    [bits as u16, (bits >> 16) as u16].map(|h| f16::from_bits(h).to_f32())
+}
+
+/// The 32 q values of group `sub` of `block` (see the module's table), in value order.
+pub(crate) fn values(ty: GgmlType, block: &[u8], sub: usize) -> [i8; 32] {
+    let mut q = [0i8; 32];
+    let nib = |b: u8, high: bool| if high { b >> 4 } else { b & 0x0F };
+    for (l, o) in q.iter_mut().enumerate() {
+        *o = match ty {
+            GgmlType::Q8_0 => block[2 + l] as i8,
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let off = if ty == GgmlType::Q4_0 { 2 } else { 4 };
+                let v = nib(block[off + l % 16], l >= 16) as i8;
+                if ty == GgmlType::Q4_0 { v - 8 } else { v }
+            }
+            GgmlType::Q4K => nib(block[16 + 32 * (sub / 2) + l], sub % 2 == 1) as i8,
+            GgmlType::Q5K => {
+                let low = nib(block[48 + 32 * (sub / 2) + l], sub % 2 == 1);
+                let high = (block[16 + l] >> sub) & 1;
+                (low | (high << 4)) as i8
+            }
+            GgmlType::Q6K => {
+                let (half, k) = (sub / 4, sub % 4);
+                let low = nib(block[half * 64 + 32 * (k & 1) + l], k >= 2);
+                let high = (block[128 + half * 32 + l] >> (2 * k)) & 3;
+                (low | (high << 4)) as i8 - 32
+            }
+            _ => unreachable!("not a packed type: {ty:?}"),
+        };
+    }
+    q
+}
+
+/// [`values`] with SSE2 (the x86-64 baseline), as two registers: values 0–15 and 16–31.
+///
+/// # Safety
+/// `block` points to a whole block (or super-block) of type `ty`, a [`packable`] type, and
+/// `sub` is a group of it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn values_sse2(
+    ty: GgmlType,
+    block: *const u8,
+    sub: usize,
+) -> [std::arch::x86_64::__m128i; 2] {
+    use std::arch::x86_64::*;
+    // SAFETY: every load reads 16 bytes inside the block (the caller's contract; offsets as in
+    // `values`).
+    unsafe {
+        let load = |at: usize| _mm_loadu_si128(block.add(at) as *const __m128i);
+        let mask = _mm_set1_epi8(0x0F);
+        let low = |v: __m128i| _mm_and_si128(v, mask);
+        let high = |v: __m128i| _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+        let nib = |v: __m128i, hi: bool| if hi { high(v) } else { low(v) };
+        // Bits `shift..shift + width` of each byte, moved to bits 4..
+        let bits = |v: __m128i, shift: usize, width: i8| {
+            let v = _mm_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
+            _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi8((1 << width) - 1)), 4)
+        };
+        match ty {
+            GgmlType::Q8_0 => [load(2), load(18)],
+            GgmlType::Q4_0 => {
+                let qs = load(2);
+                let eight = _mm_set1_epi8(8);
+                [_mm_sub_epi8(low(qs), eight), _mm_sub_epi8(high(qs), eight)]
+            }
+            GgmlType::Q4_1 => {
+                let qs = load(4);
+                [low(qs), high(qs)]
+            }
+            GgmlType::Q4K => {
+                let at = 16 + 32 * (sub / 2);
+                [0, 16].map(|o| nib(load(at + o), sub % 2 == 1))
+            }
+            GgmlType::Q5K => {
+                let at = 48 + 32 * (sub / 2);
+                [0, 16].map(|o| {
+                    _mm_or_si128(nib(load(at + o), sub % 2 == 1), bits(load(16 + o), sub, 1))
+                })
+            }
+            GgmlType::Q6K => {
+                let (half, k) = (sub / 4, sub % 4);
+                let (at, ah) = (half * 64 + 32 * (k & 1), 128 + half * 32);
+                [0, 16].map(|o| {
+                    let q = _mm_or_si128(nib(load(at + o), k >= 2), bits(load(ah + o), 2 * k, 2));
+                    _mm_sub_epi8(q, _mm_set1_epi8(32))
+                })
+            }
+            _ => unreachable!("not a packed type: {ty:?}"),
+        }
+    }
+}
+
+/// Two f16s (a `u32`'s little-endian halves) as f32 with F16C. The `u32` enters a register
+/// whole (`vmovd`): a 16-bit insert would merge into whatever register the compiler picks,
+/// and so wait on it (an accumulator, at one input row).
+///
+/// # Safety
+/// The CPU has F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn halves_f16c(bits: u32) -> [f32; 2] {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's CPU has F16C.
+    unsafe {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+        [_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v))]
+    }
+}
