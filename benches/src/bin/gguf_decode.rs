@@ -6,8 +6,8 @@
 //! Our decode time is measured as the time of `prompt + N` tokens minus the time of
 //! `prompt + 1` token (the prefill and the first token), over `(N − 1) · batch` tokens.
 //! Ours three times: with the weights dequantised to f32 (`Llama::load`), with the quantised
-//! blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) kept for decoding (`Llama::load_for_inference`)
-//! and f32 activations, and with the blocks meeting 8-bit activations in integer dot products
+//! blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) kept for decoding
+//! (`Llama::load_for_inference`) and f32 activations, and with the blocks meeting 8-bit activations in integer dot products
 //! (`with_int8_activations`, as llama.cpp computes); the last two are compared with llama.cpp.
 //! `--verify 2,5,9` also times single cached passes over that many new tokens (a speculative
 //! verification's shape).

@@ -20,6 +20,11 @@ pub enum GgmlType {
     Q4_0,
     /// Blocks of 32: an f16 scale, an f16 minimum and 32 4-bit values.
     Q4_1,
+    /// Blocks of 32: an f16 scale and 32 5-bit values offset by 16 (llama.cpp's fallback
+    /// for Q4_K where a row is not a multiple of 256).
+    Q5_0,
+    /// Blocks of 32: an f16 scale, an f16 minimum and 32 5-bit values (the fallback for Q5_K).
+    Q5_1,
     /// Super-blocks of 256: 8 sub-blocks of 32 with 6-bit scales and minimums, 4-bit values.
     Q4K,
     /// Super-blocks of 256: like Q4_K with a fifth bit per value.
@@ -42,6 +47,8 @@ impl GgmlType {
             1 => Self::F16,
             2 => Self::Q4_0,
             3 => Self::Q4_1,
+            6 => Self::Q5_0,
+            7 => Self::Q5_1,
             8 => Self::Q8_0,
             12 => Self::Q4K,
             13 => Self::Q5K,
@@ -60,6 +67,8 @@ impl GgmlType {
             Self::F16 => 1,
             Self::Q4_0 => 2,
             Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
             Self::Q8_0 => 8,
             Self::Q4K => 12,
             Self::Q5K => 13,
@@ -81,6 +90,8 @@ impl GgmlType {
             Self::Q8_0 => "Q8_0".into(),
             Self::Q4_0 => "Q4_0".into(),
             Self::Q4_1 => "Q4_1".into(),
+            Self::Q5_0 => "Q5_0".into(),
+            Self::Q5_1 => "Q5_1".into(),
             Self::Q4K => "Q4_K".into(),
             Self::Q5K => "Q5_K".into(),
             Self::Q6K => "Q6_K".into(),
@@ -105,6 +116,8 @@ impl GgmlType {
             Self::Q8_0 => (32, 34),
             Self::Q4_0 => (32, 18),
             Self::Q4_1 => (32, 20),
+            Self::Q5_0 => (32, 22),
+            Self::Q5_1 => (32, 24),
             Self::Q4K => (256, 144),
             Self::Q5K => (256, 176),
             Self::Q6K => (256, 210),
@@ -118,8 +131,6 @@ impl GgmlType {
 /// Names of the ggml types this crate does not dequantise, for error messages.
 fn other_name(id: u32) -> Option<&'static str> {
     Some(match id {
-        6 => "Q5_0",
-        7 => "Q5_1",
         9 => "Q8_1",
         10 => "Q2_K",
         11 => "Q3_K",
@@ -211,6 +222,8 @@ pub fn block_dequantizer(ty: GgmlType) -> Option<BlockFn> {
         GgmlType::Q8_0 => q8_0,
         GgmlType::Q4_0 => q4_0,
         GgmlType::Q4_1 => q4_1,
+        GgmlType::Q5_0 => q5_0,
+        GgmlType::Q5_1 => q5_1,
         GgmlType::Q4K => q4_k,
         GgmlType::Q5K => q5_k,
         GgmlType::Q6K => q6_k,
@@ -246,6 +259,37 @@ fn q4_1(b: &[u8], y: &mut [f32]) {
     for (j, &q) in b[4..20].iter().enumerate() {
         y[j] = (q & 0x0F) as f32 * d + m;
         y[j + 16] = (q >> 4) as f32 * d + m;
+    }
+}
+
+/// The fifth bit of each of a Q5_0/Q5_1 block's 32 values: bit `j` of the little-endian
+/// `qh` is value `j`'s.
+fn high_bits(qh: &[u8]) -> u32 {
+    u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]])
+}
+
+/// `dequantize_row_q5_0`: d (f16), qh\[4\], qs\[16\]; `y = ((nibble | high << 4) − 16) · d`.
+fn q5_0(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let qh = high_bits(&b[2..6]);
+    for (j, &q) in b[6..22].iter().enumerate() {
+        let h0 = (((qh >> j) << 4) & 0x10) as u8;
+        let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+        y[j] = (((q & 0x0F) | h0) as i32 - 16) as f32 * d;
+        y[j + 16] = (((q >> 4) | h1) as i32 - 16) as f32 * d;
+    }
+}
+
+/// `dequantize_row_q5_1`: d, m (f16), qh\[4\], qs\[16\]; `y = (nibble | high << 4) · d + m`.
+fn q5_1(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let m = half_at(b, 2);
+    let qh = high_bits(&b[4..8]);
+    for (j, &q) in b[8..24].iter().enumerate() {
+        let h0 = (((qh >> j) << 4) & 0x10) as u8;
+        let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+        y[j] = ((q & 0x0F) | h0) as f32 * d + m;
+        y[j + 16] = ((q >> 4) | h1) as f32 * d + m;
     }
 }
 

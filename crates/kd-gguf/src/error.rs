@@ -71,7 +71,7 @@ pub enum GgufError {
     /// A tensor is stored in a quantisation type this crate cannot dequantise.
     #[error(
         "{path}: tensor `{tensor}` is stored as {ty}; supported types: F32, F16, BF16, Q8_0, \
-         Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (requantise the model, e.g. with llama.cpp's \
+         Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (requantise the model, e.g. with llama.cpp's \
          llama-quantize, to one of these)"
     )]
     UnsupportedType {

@@ -40,7 +40,7 @@ fn every_type_matches_the_gguf_package_bit_for_bit() {
         seen.push(name.to_string());
     }
     for name in [
-        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K",
+        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
     ] {
         assert!(seen.iter().any(|s| s == name), "no golden case for {name}");
     }

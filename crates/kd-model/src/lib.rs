@@ -154,8 +154,8 @@ impl Llama {
     /// How [`load_for_inference`](Self::load_for_inference) would decode the model at
     /// `path` on the CPU: for a GGUF file (or a directory holding one), how many of its
     /// decoder projections (q, k, v, o, gate, up, down of every layer) are stored as Q8_0,
-    /// Q4_0, Q4_1, Q4_K, Q5_K or Q6_K, which decoding reads packed, and how many there are. When all are, passes
-    /// of up to 32 rows run each layer on the host ([`with_host_layers`](Self::with_host_layers)).
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, which decoding reads packed, and how many
+    /// there are. When all are, passes of up to 32 rows run each layer on the host ([`with_host_layers`](Self::with_host_layers)).
     /// `None` for a Hugging Face directory. Reads only the file's header.
     pub fn packed_projections(path: impl AsRef<Path>) -> Result<Option<(usize, usize)>> {
         let path = &resolve_model_path(path)?;

@@ -1,15 +1,16 @@
-//! Decoding straight from a GGUF file's quantised blocks: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and
-//! Q6_K projection weights (and a tied embedding used as the LM head) kept as the file stores
-//! them, `[out, in]` rows of 32-value blocks or 256-value super-blocks, scales included (no
-//! f32 copy of any scale: the kernels read them from the blocks, see [`group`]). A model loaded for inference is lean: the f32 copy that every
-//! other path (training, merging, saving, other devices) uses is made from the blocks only
-//! when such a path first reads it ([`PackedMatrix::lazy_weight`]).
+//! Decoding straight from a GGUF file's quantised blocks: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+//! Q5_K and Q6_K projection weights (and a tied embedding used as the LM head) kept as the
+//! file stores them, `[out, in]` rows of 32-value blocks or 256-value super-blocks, scales
+//! included (no f32 copy of any scale: the kernels read them from the blocks, see [`group`]).
+//! A model loaded for inference is lean: the f32 copy that every other path (training,
+//! merging, saving, other devices) uses is made from the blocks only when such a path first
+//! reads it ([`PackedMatrix::lazy_weight`]).
 //!
 //! Decoding reads every weight once per generated token, so its speed is the memory traffic:
 //! a Q4_1 block is 20 bytes for 32 weights where f32 is 128. The kernels dequantise each
-//! group of 32 weights in registers with exactly the operations of ggml's reference dequantisation (the
-//! values are bit-identical to the f32 copy's), then multiply-accumulate in f32; only the
-//! order of the additions differs from the f32 kernels. Each output is a sum over one input
+//! group of 32 weights in registers with exactly the operations of ggml's reference
+//! dequantisation (the values are bit-identical to the f32 copy's), then multiply-accumulate
+//! in f32; only the order of the additions differs from the f32 kernels. Each output is a sum over one input
 //! row, so a row's result does not depend on the other rows of the batch.
 //!
 //! The blocks mirror the weights the model was loaded with: a model whose base weights

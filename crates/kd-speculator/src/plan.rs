@@ -178,7 +178,7 @@ fn decode_note(model: &std::path::Path, devices: &[burn::tensor::Device]) -> Str
              each layer on the host"
         ),
         Ok(Some((0, _))) => {
-            "; decodes from f32 copies (no Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K projection in the file)"
+            "; decodes from f32 copies (no Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K projection in the file)"
                 .into()
         }
         Ok(Some((n, total))) => format!(

@@ -139,7 +139,7 @@ pub fn eval(
     if config.target_int8 && !target.int8_activations() {
         return Err(PipelineError::Config(format!(
             "--target_int8: the target {} has no packed GGUF blocks to decode from (a .gguf \
-             file of Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
+             file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
             config.target_model.display()
         )));
     }

@@ -2,7 +2,7 @@
 //! and the scales that turn them into weights, read straight from the blocks as the file
 //! stores them (no f32 copy of any scale is kept).
 //!
-//! Q8_0, Q4_0 and Q4_1 blocks are one group each. A K-quant super-block (Q4_K, Q5_K, Q6_K:
+//! Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 blocks are one group each. A K-quant super-block (Q4_K, Q5_K, Q6_K:
 //! 256 values) is eight: group `j` of a Q4_K/Q5_K super-block is its sub-block `j` (scale `d ·
 //! sc_j`, minimum `dmin · m_j`); group `j` of a Q6_K super-block holds two sub-blocks of 16
 //! with their own scales `d · sc`. A group's weights are `q · scale (+ offset)`, computed with
@@ -14,6 +14,8 @@
 //! | Q8_0 | signed byte | `d` | — |
 //! | Q4_0 | nibble − 8 | `d` | — |
 //! | Q4_1 | nibble | `d` | `+ m` |
+//! | Q5_0 | nibble + 16 · high bit − 16 | `d` | — |
+//! | Q5_1 | nibble + 16 · high bit | `d` | `+ m` |
 //! | Q4_K | nibble of sub-block `j` | `d · sc_j` | `− dmin · m_j` |
 //! | Q5_K | nibble + 16 · high bit `j` | `d · sc_j` | `− dmin · m_j` |
 //! | Q6_K | 6 bits − 32 | `d · sc_2k`, `d · sc_2k+1` | — |
@@ -30,6 +32,8 @@ pub(crate) fn packable(ty: GgmlType) -> bool {
         GgmlType::Q8_0
             | GgmlType::Q4_0
             | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
             | GgmlType::Q4K
             | GgmlType::Q5K
             | GgmlType::Q6K
@@ -37,10 +41,12 @@ pub(crate) fn packable(ty: GgmlType) -> bool {
 }
 
 /// The packed types, by the index a kernel's type parameter takes (see [`with_type!`]).
-pub(crate) const TYPES: [GgmlType; 6] = [
+pub(crate) const TYPES: [GgmlType; 8] = [
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
@@ -66,16 +72,24 @@ macro_rules! with_type {
                 const $t: u8 = 2;
                 $body
             }
-            kd_gguf::GgmlType::Q4K => {
+            kd_gguf::GgmlType::Q5_0 => {
                 const $t: u8 = 3;
                 $body
             }
-            kd_gguf::GgmlType::Q5K => {
+            kd_gguf::GgmlType::Q5_1 => {
                 const $t: u8 = 4;
                 $body
             }
-            kd_gguf::GgmlType::Q6K => {
+            kd_gguf::GgmlType::Q4K => {
                 const $t: u8 = 5;
+                $body
+            }
+            kd_gguf::GgmlType::Q5K => {
+                const $t: u8 = 6;
+                $body
+            }
+            kd_gguf::GgmlType::Q6K => {
+                const $t: u8 = 7;
                 $body
             }
             other => unreachable!("not a packed type: {other:?}"),
@@ -118,7 +132,10 @@ impl Layout {
 /// Whether a type's q values are unsigned (`0..=31`; an offset carries the weights' sign).
 #[inline(always)]
 pub(crate) fn unsigned(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::Q5K)
+    matches!(
+        ty,
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K
+    )
 }
 
 /// Whether a type's groups have an offset.
@@ -157,7 +174,7 @@ pub(crate) fn block_scales(
     };
     let one = |d: f32, offset: f32| [Scales { d: [d; 2], offset }; 8];
     match ty {
-        GgmlType::Q4_1 => {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
             let [d, m] = pair(0);
             one(d, m)
         }
@@ -183,7 +200,7 @@ pub(crate) fn block_scales(
                 }
             })
         }
-        // Q8_0, Q4_0.
+        // Q8_0, Q4_0, Q5_0.
         _ => one(pair(0)[0], 0.0),
     }
 }
@@ -214,6 +231,12 @@ pub(crate) fn values(ty: GgmlType, block: &[u8], sub: usize) -> [i8; 32] {
                 let off = if ty == GgmlType::Q4_0 { 2 } else { 4 };
                 let v = nib(block[off + l % 16], l >= 16) as i8;
                 if ty == GgmlType::Q4_0 { v - 8 } else { v }
+            }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+                let high = (block[qh + l / 8] >> (l % 8)) & 1;
+                let v = (nib(block[qs + l % 16], l >= 16) | (high << 4)) as i8;
+                if ty == GgmlType::Q5_0 { v - 16 } else { v }
             }
             GgmlType::Q4K => nib(block[16 + 32 * (sub / 2) + l], sub % 2 == 1) as i8,
             GgmlType::Q5K => {
@@ -252,8 +275,8 @@ pub(crate) unsafe fn values_sse2(
         let load = |at: usize| _mm_loadu_si128(block.add(at) as *const __m128i);
         let mask = _mm_set1_epi8(0x0F);
         let low = |v: __m128i| _mm_and_si128(v, mask);
-        let high = |v: __m128i| _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-        let nib = |v: __m128i, hi: bool| if hi { high(v) } else { low(v) };
+        let high_nibbles = |v: __m128i| _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+        let nib = |v: __m128i, hi: bool| if hi { high_nibbles(v) } else { low(v) };
         // Bits `shift..shift + width` of each byte, moved to bits 4..
         let bits = |v: __m128i, shift: usize, width: i8| {
             let v = _mm_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
@@ -264,11 +287,34 @@ pub(crate) unsafe fn values_sse2(
             GgmlType::Q4_0 => {
                 let qs = load(2);
                 let eight = _mm_set1_epi8(8);
-                [_mm_sub_epi8(low(qs), eight), _mm_sub_epi8(high(qs), eight)]
+                [
+                    _mm_sub_epi8(low(qs), eight),
+                    _mm_sub_epi8(high_nibbles(qs), eight),
+                ]
             }
             GgmlType::Q4_1 => {
                 let qs = load(4);
-                [low(qs), high(qs)]
+                [low(qs), high_nibbles(qs)]
+            }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+                let high = high_bits_sse2(u32::from_le_bytes([
+                    *block.add(qh),
+                    *block.add(qh + 1),
+                    *block.add(qh + 2),
+                    *block.add(qh + 3),
+                ]));
+                let qs = load(qs);
+                let v = [
+                    _mm_or_si128(low(qs), high[0]),
+                    _mm_or_si128(high_nibbles(qs), high[1]),
+                ];
+                if ty == GgmlType::Q5_0 {
+                    let sixteen = _mm_set1_epi8(16);
+                    v.map(|v| _mm_sub_epi8(v, sixteen))
+                } else {
+                    v
+                }
             }
             GgmlType::Q4K => {
                 let at = 16 + 32 * (sub / 2);
@@ -290,6 +336,27 @@ pub(crate) unsafe fn values_sse2(
             }
             _ => unreachable!("not a packed type: {ty:?}"),
         }
+    }
+}
+
+/// Bit `j` of `qh` as 16 in byte `j` (0 where clear), for bytes 0–15 and 16–31 (ggml's
+/// `bytes_from_bits_32`, with SSE2 alone).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn high_bits_sse2(qh: u32) -> [std::arch::x86_64::__m128i; 2] {
+    use std::arch::x86_64::*;
+    // SAFETY: SSE2 is the x86-64 baseline.
+    unsafe {
+        // Each byte of qh repeated: [b0 × 8, b1 × 8] and [b2 × 8, b3 × 8].
+        let v = _mm_cvtsi32_si128(qh as i32);
+        let v = _mm_unpacklo_epi8(v, v);
+        let v = _mm_unpacklo_epi16(v, v);
+        let halves = [_mm_unpacklo_epi32(v, v), _mm_unpackhi_epi32(v, v)];
+        let bit = _mm_set_epi8(-128, 64, 32, 16, 8, 4, 2, 1, -128, 64, 32, 16, 8, 4, 2, 1);
+        halves.map(|h| {
+            let set = _mm_cmpeq_epi8(_mm_and_si128(h, bit), bit);
+            _mm_and_si128(set, _mm_set1_epi8(16))
+        })
     }
 }
 

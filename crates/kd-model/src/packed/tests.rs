@@ -209,7 +209,7 @@ fn groups_are_the_dequantised_values() {
             // Finite f16 scales: clear the exponent's top bit.
             let halves: &[usize] = match ty {
                 GgmlType::Q6K => &[208],
-                GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
                 _ => &[0],
             };
             for &at in halves {

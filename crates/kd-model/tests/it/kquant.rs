@@ -1,6 +1,7 @@
-//! A model whose every matrix is a K-quant (Q4_K, Q5_K, Q6_K super-blocks) decodes lean from
-//! its blocks, each layer on the host, as the f32 model the eager loader makes from the same
-//! file computes (that loader's K-quant dequantisation is held to transformers' GGUF loader by
+//! A model whose every matrix is a K-quant (Q4_K, Q5_K, Q6_K super-blocks) or a Q5_0/Q5_1
+//! (llama.cpp's fallbacks for rows that are not multiples of 256) decodes lean from its
+//! blocks, each layer on the host, as the f32 model the eager loader makes from the same file
+//! computes (that loader's K-quant dequantisation is held to transformers' GGUF loader by
 //! `gguf::packed_decoding_equals_the_f32_model` on fixtures/tiny-gguf/tiny.gguf).
 
 use kd_gguf::{GgmlType, GgufWriter, Value};
@@ -13,8 +14,8 @@ const FFN: usize = 512;
 const VOCAB: usize = 320;
 const LAYERS: usize = 2;
 
-/// `[rows, cols]` random blocks of a K type with small f16 scales (and minimums), so that
-/// activations stay in range through the layers.
+/// `[rows, cols]` random blocks with small f16 scales (and minimums), so that activations
+/// stay in range through the layers.
 fn random_blocks(
     ty: GgmlType,
     rows: usize,
@@ -32,14 +33,16 @@ fn random_blocks(
             b[208..210].copy_from_slice(&half(d));
         } else {
             b[0..2].copy_from_slice(&half(d));
+        }
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q5_1) {
             b[2..4].copy_from_slice(&half(d * 8.0));
         }
     }
     bytes
 }
 
-/// A 2-layer Llama of width 256 whose embedding (tied head), projections are Q4_K, Q5_K and
-/// Q6_K, written as a GGUF file.
+/// A 2-layer Llama of width 256 whose embedding (tied head) and projections are Q4_K, Q5_K,
+/// Q6_K (layer 0) and Q5_0, Q5_1 (some of layer 1's), written as a GGUF file.
 fn k_quant_gguf(path: &std::path::Path) {
     let mut next = lcg(99);
     let mut w = GgufWriter::new("llama");
@@ -64,12 +67,17 @@ fn k_quant_gguf(path: &std::path::Path) {
     let kv = HIDDEN / 2;
     for l in 0..LAYERS {
         let n = |m: &str| format!("blk.{l}.{m}.weight");
-        tensor(&n("attn_q"), GgmlType::Q4K, HIDDEN, HIDDEN);
-        tensor(&n("attn_k"), GgmlType::Q5K, kv, HIDDEN);
+        let (q4k, q5k) = if l == 0 {
+            (GgmlType::Q4K, GgmlType::Q5K)
+        } else {
+            (GgmlType::Q5_0, GgmlType::Q5_1)
+        };
+        tensor(&n("attn_q"), q4k, HIDDEN, HIDDEN);
+        tensor(&n("attn_k"), q5k, kv, HIDDEN);
         tensor(&n("attn_v"), GgmlType::Q6K, kv, HIDDEN);
         tensor(&n("attn_output"), GgmlType::Q4K, HIDDEN, HIDDEN);
-        tensor(&n("ffn_gate"), GgmlType::Q5K, FFN, HIDDEN);
-        tensor(&n("ffn_up"), GgmlType::Q4K, FFN, HIDDEN);
+        tensor(&n("ffn_gate"), q5k, FFN, HIDDEN);
+        tensor(&n("ffn_up"), q4k, FFN, HIDDEN);
         tensor(&n("ffn_down"), GgmlType::Q6K, HIDDEN, FFN);
     }
     for l in 0..LAYERS {
@@ -89,7 +97,7 @@ fn k_quant_gguf(path: &std::path::Path) {
 }
 
 #[test]
-fn a_k_quant_model_decodes_lean_from_its_blocks() {
+fn a_k_quant_and_q5_model_decodes_lean_from_its_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k-quants.gguf");
     k_quant_gguf(&path);
