@@ -16,7 +16,7 @@
 use half::f16;
 use kd_gguf::GgmlType;
 
-use crate::packed::group::{self, Layout, TYPES};
+use crate::packed::group::{self, Layout};
 
 /// Input rows quantised to 8-bit blocks of 32 (ggml's Q8_1: scale and scaled sum).
 pub(crate) struct Q8Rows {
@@ -121,7 +121,7 @@ macro_rules! simd_dot_row {
             out: &mut [f32; GROUP],
         ) {
             use std::arch::x86_64::*;
-            let ty = TYPES[T as usize];
+            let ty = group::TYPES[T as usize];
             let layout = Layout::of(ty);
             let groups = x.cols / 32;
             assert!(

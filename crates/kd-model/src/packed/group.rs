@@ -2,10 +2,10 @@
 //! and the scales that turn them into weights, read straight from the blocks as the file
 //! stores them (no f32 copy of any scale is kept).
 //!
-//! Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 blocks are one group each. A K-quant super-block (Q4_K, Q5_K, Q6_K:
-//! 256 values) is eight: group `j` of a Q4_K/Q5_K super-block is its sub-block `j` (scale `d ·
-//! sc_j`, minimum `dmin · m_j`); group `j` of a Q6_K super-block holds two sub-blocks of 16
-//! with their own scales `d · sc`. A group's weights are `q · scale (+ offset)`, computed with
+//! Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 blocks are one group each. A K-quant super-block (Q4_K,
+//! Q5_K, Q6_K: 256 values) is eight: group `j` of a Q4_K/Q5_K super-block is its sub-block `j`
+//! (scale `d · sc_j`, minimum `dmin · m_j`); group `j` of a Q6_K super-block holds two
+//! sub-blocks of 16 with their own scales `d · sc`. A group's weights are `q · scale (+ offset)`, computed with
 //! exactly the operations of ggml's reference dequantisation (`kd_gguf::dequantize`), so every
 //! kernel meets the f32 copy's values bit for bit:
 //!
@@ -25,19 +25,9 @@
 use half::f16;
 use kd_gguf::{GgmlType, scale_min_k4};
 
-/// The types whose blocks the kernels read.
+/// The types whose blocks the kernels read ([`TYPES`]).
 pub(crate) fn packable(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q4K
-            | GgmlType::Q5K
-            | GgmlType::Q6K
-    )
+    TYPES.contains(&ty)
 }
 
 /// The packed types, by the index a kernel's type parameter takes (see [`with_type!`]).
@@ -155,9 +145,9 @@ pub(crate) struct Scales {
 /// The scales of every group of `block` (a whole block or super-block of type `ty`; a
 /// 32-value block's one group is the first), with `halves` converting two f16s (the
 /// little-endian bytes of a `u32`) to f32 (a kernel passes its CPU's instruction). A block's
-/// f16 fields are read as one 32-bit load: the scale with the bytes after it (Q4_1's and the
-/// K-quants' minimum; Q8_0's and Q4_0's first values, unused), or Q6_K's scale with the two
-/// bytes before it. The kernels take a block's scales once, before its groups.
+/// f16 fields are read as one 32-bit load: the scale with the bytes after it (Q4_1's, Q5_1's
+/// and the K-quants' minimum; the other types' first values or high bits, unused), or Q6_K's
+/// scale with the two bytes before it. The kernels take a block's scales once, before its groups.
 #[inline(always)]
 pub(crate) fn block_scales(
     ty: GgmlType,

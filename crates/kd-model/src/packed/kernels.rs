@@ -14,7 +14,7 @@
 
 use kd_gguf::GgmlType;
 
-use super::group::{self, Layout, TYPES};
+use super::group::{self, Layout};
 
 /// An f32-activation kernel this CPU can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +209,7 @@ unsafe fn group_avx2<const G: usize, const T: u8>(
     use std::arch::x86_64::*;
     // SAFETY: every pointer read lies within the slices the caller's contract sizes.
     unsafe {
-        let ty = TYPES[T as usize];
+        let ty = group::TYPES[T as usize];
         let layout = Layout::of(ty);
         let offset = group::has_offset(ty);
         let px = x.as_ptr().add(out.r0 * cols);
@@ -263,7 +263,7 @@ unsafe fn group_avx512<const G: usize, const T: u8>(
     use std::arch::x86_64::*;
     // SAFETY: every pointer read lies within the slices the caller's contract sizes.
     unsafe {
-        let ty = TYPES[T as usize];
+        let ty = group::TYPES[T as usize];
         let layout = Layout::of(ty);
         let offset = group::has_offset(ty);
         let px = x.as_ptr().add(out.r0 * cols);
