@@ -156,7 +156,12 @@ macro_rules! simd_dot_row {
                     let b = if unsigned { qy } else { _mm256_sign_epi8(qy, w) };
                     let dot = $dot(a, b);
                     let dx = x.d[r * groups + g];
-                    let d = _mm256_set_m128(_mm_set1_ps(sc.d[1] * dx), _mm_set1_ps(sc.d[0] * dx));
+                    // Two scales (lanes 0–3 and 4–7) only in a Q6_K group.
+                    let d = if ty == GgmlType::Q6K {
+                        _mm256_set_m128(_mm_set1_ps(sc.d[1] * dx), _mm_set1_ps(sc.d[0] * dx))
+                    } else {
+                        _mm256_set1_ps(sc.d[0] * dx)
+                    };
                     *sq = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *sq);
                     if offset {
                         *o += sc.offset * x.s[r * groups + g];
