@@ -102,14 +102,23 @@ impl Layout {
     ///
     /// # Panics
     /// For any other type.
-    #[inline]
+    #[inline(always)]
     pub fn of(ty: GgmlType) -> Self {
-        assert!(packable(ty), "not a packed type: {ty:?}");
-        let (block, size) = ty.block().expect("a packed type has a block");
-        Self {
-            size,
-            shift: (block / 32).trailing_zeros(),
-        }
+        // A match the compiler folds where `ty` is a kernel's constant (so that the block
+        // size, and every bound checked against it, is one too).
+        let (size, shift) = match ty {
+            GgmlType::Q8_0 => (34, 0),
+            GgmlType::Q4_0 => (18, 0),
+            GgmlType::Q4_1 => (20, 0),
+            GgmlType::Q5_0 => (22, 0),
+            GgmlType::Q5_1 => (24, 0),
+            GgmlType::Q4K => (144, 3),
+            GgmlType::Q5K => (176, 3),
+            GgmlType::Q6K => (210, 3),
+            _ => panic!("not a packed type: {ty:?}"),
+        };
+        debug_assert_eq!(ty.block(), Some((32 << shift, size)));
+        Self { size, shift }
     }
 
     /// The byte offset of the block holding group `g`, and the group's index in it.
@@ -155,12 +164,8 @@ pub(crate) fn block_scales(
     halves: impl Fn(u32) -> [f32; 2],
 ) -> [Scales; 8] {
     let pair = |at: usize| {
-        halves(u32::from_le_bytes([
-            block[at],
-            block[at + 1],
-            block[at + 2],
-            block[at + 3],
-        ]))
+        let bytes: [u8; 4] = block[at..at + 4].try_into().expect("4 bytes");
+        halves(u32::from_le_bytes(bytes))
     };
     let one = |d: f32, offset: f32| [Scales { d: [d; 2], offset }; 8];
     match ty {
