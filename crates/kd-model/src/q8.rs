@@ -77,22 +77,23 @@ pub(crate) fn dot_row(ty: GgmlType, row: &[u8], x: &Q8Rows, acc: &mut [f32], nb:
     let groups = x.cols / 32;
     let mut lanes = vec![[0f32; 8]; x.n];
     let mut offsets = vec![0f32; x.n];
-    for g in 0..groups {
-        let (at, sub) = layout.locate(g);
-        let block = &row[at..at + layout.size];
-        let w = group::values(ty, block, sub);
-        let sc = group::scales(ty, block, sub, group::halves_to_f32);
-        for (r, (lane, o)) in lanes.iter_mut().zip(&mut offsets).enumerate() {
-            let qs = &x.q[r * x.cols + g * 32..r * x.cols + g * 32 + 32];
-            let dx = x.d[r * groups + g];
-            for (l, lv) in lane.iter_mut().enumerate() {
-                let dot: i32 = (4 * l..4 * l + 4)
-                    .map(|k| i32::from(w[k]) * i32::from(qs[k]))
-                    .sum();
-                *lv = (sc.d[l / 4] * dx).mul_add(dot as f32, *lv);
-            }
-            if group::has_offset(ty) {
-                *o += sc.offset * x.s[r * groups + g];
+    for (blk, block) in row.chunks_exact(layout.size).enumerate() {
+        let scales = group::block_scales(ty, block, group::halves_to_f32);
+        for (sub, sc) in scales.iter().enumerate().take(1 << layout.shift) {
+            let g = (blk << layout.shift) + sub;
+            let w = group::values(ty, block, sub);
+            for (r, (lane, o)) in lanes.iter_mut().zip(&mut offsets).enumerate() {
+                let qs = &x.q[r * x.cols + g * 32..r * x.cols + g * 32 + 32];
+                let dx = x.d[r * groups + g];
+                for (l, lv) in lane.iter_mut().enumerate() {
+                    let dot: i32 = (4 * l..4 * l + 4)
+                        .map(|k| i32::from(w[k]) * i32::from(qs[k]))
+                        .sum();
+                    *lv = (sc.d[l / 4] * dx).mul_add(dot as f32, *lv);
+                }
+                if group::has_offset(ty) {
+                    *o += sc.offset * x.s[r * groups + g];
+                }
             }
         }
     }

@@ -49,39 +49,16 @@ pub(crate) const TYPES: [GgmlType; 8] = [
 /// When `$ty` is not a packed type.
 macro_rules! with_type {
     ($ty:expr, $t:ident => $body:expr) => {
+        $crate::packed::group::with_type!(@arms $ty, $t, $body;
+            0 Q8_0, 1 Q4_0, 2 Q4_1, 3 Q5_0, 4 Q5_1, 5 Q4K, 6 Q5K, 7 Q6K)
+    };
+    (@arms $ty:expr, $t:ident, $body:expr; $($i:literal $v:ident),*) => {
         match $ty {
-            kd_gguf::GgmlType::Q8_0 => {
-                const $t: u8 = 0;
+            $(kd_gguf::GgmlType::$v => {
+                const $t: u8 = $i;
+                debug_assert_eq!($crate::packed::group::TYPES[$i], kd_gguf::GgmlType::$v);
                 $body
-            }
-            kd_gguf::GgmlType::Q4_0 => {
-                const $t: u8 = 1;
-                $body
-            }
-            kd_gguf::GgmlType::Q4_1 => {
-                const $t: u8 = 2;
-                $body
-            }
-            kd_gguf::GgmlType::Q5_0 => {
-                const $t: u8 = 3;
-                $body
-            }
-            kd_gguf::GgmlType::Q5_1 => {
-                const $t: u8 = 4;
-                $body
-            }
-            kd_gguf::GgmlType::Q4K => {
-                const $t: u8 = 5;
-                $body
-            }
-            kd_gguf::GgmlType::Q5K => {
-                const $t: u8 = 6;
-                $body
-            }
-            kd_gguf::GgmlType::Q6K => {
-                const $t: u8 = 7;
-                $body
-            }
+            })*
             other => unreachable!("not a packed type: {other:?}"),
         }
     };
@@ -119,12 +96,6 @@ impl Layout {
         };
         debug_assert_eq!(ty.block(), Some((32 << shift, size)));
         Self { size, shift }
-    }
-
-    /// The byte offset of the block holding group `g`, and the group's index in it.
-    #[inline(always)]
-    pub fn locate(self, g: usize) -> (usize, usize) {
-        ((g >> self.shift) * self.size, g & ((1 << self.shift) - 1))
     }
 }
 
@@ -198,16 +169,6 @@ pub(crate) fn block_scales(
         // Q8_0, Q4_0, Q5_0.
         _ => one(pair(0)[0], 0.0),
     }
-}
-
-/// The scales of group `sub` of `block` (see [`block_scales`]).
-pub(crate) fn scales(
-    ty: GgmlType,
-    block: &[u8],
-    sub: usize,
-    halves: impl Fn(u32) -> [f32; 2],
-) -> Scales {
-    block_scales(ty, block, halves)[sub]
 }
 
 /// Two f16s (a `u32`'s little-endian halves) as f32, portably.

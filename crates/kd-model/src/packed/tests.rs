@@ -140,11 +140,17 @@ fn int8_products_equal_the_integer_reference() {
         // Each group's offset (Q4_1's minimum, minus a K-quant's sub-block minimum; 0 for the
         // types without one), `[rows, cols / 32]`.
         let layout = group::Layout::of(ty);
-        let offsets: Vec<f32> = (0..rows * blocks)
-            .map(|i| {
-                let (at, sub) = layout.locate(i % blocks);
-                let row = p.block_row(i / blocks);
-                group::scales(ty, &row[at..at + layout.size], sub, group::halves_to_f32).offset
+        let offsets: Vec<f32> = (0..rows)
+            .flat_map(|j| {
+                p.block_row(j)
+                    .chunks_exact(layout.size)
+                    .flat_map(|b| {
+                        group::block_scales(ty, b, group::halves_to_f32)
+                            .into_iter()
+                            .take(1 << layout.shift)
+                    })
+                    .map(|s| s.offset)
+                    .collect::<Vec<_>>()
             })
             .collect();
         let f32_product = p.matmul_t(&x, n);
@@ -220,7 +226,7 @@ fn groups_are_the_dequantised_values() {
             for sub in 0..n / 32 {
                 let (q, s) = (
                     group::values(ty, &b, sub),
-                    group::scales(ty, &b, sub, group::halves_to_f32),
+                    group::block_scales(ty, &b, group::halves_to_f32)[sub],
                 );
                 for l in 0..32 {
                     let mut v = q[l] as f32 * s.d[l / 16];
