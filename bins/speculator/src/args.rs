@@ -400,6 +400,10 @@ pub struct TrainArgs {
     /// EAGLE-3: the three target hidden states read, e.g. 2,15,27 [default: 2, L/2, L − 3].
     #[arg(long, value_delimiter = ',')]
     pub aux_layers: Vec<usize>,
+    /// EAGLE-3: how a fresh draft's output layer starts: `random` (SpecForge's) or `target`
+    /// (the target's LM head rows of the draft vocabulary and its final norm).
+    #[arg(long, default_value_t = name(d().draft_head_init), value_parser = ["random", "target"])]
+    pub draft_head_init: String,
 }
 
 /// `speculator eval`.
@@ -661,6 +665,10 @@ mod tests {
         let c = parse("").unwrap();
         assert_eq!(c.draft_method, kd_speculator::DraftMethod::Lora);
         assert!(parse("--draft_method medusa").is_err());
+        assert_eq!(c.draft_head_init, kd_speculator::DraftHeadInit::Random);
+        let c = parse("--draft_method eagle3 --draft_head_init target").unwrap();
+        assert_eq!(c.draft_head_init, kd_speculator::DraftHeadInit::Target);
+        assert!(parse("--draft_head_init zeros").is_err());
     }
 
     #[test]

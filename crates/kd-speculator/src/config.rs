@@ -179,6 +179,21 @@ pub struct SpeculatorConfig {
     /// Face's `output_hidden_states` indexing (empty: `[2, L/2, L − 3]` for `L` layers, the
     /// choice of EAGLE-3, SpecForge and SGLang).
     pub aux_layers: Vec<usize>,
+    /// EAGLE-3: how a fresh draft's output layer starts (`random`: N(0, 0.02²) and a final
+    /// norm of ones, SpecForge's; `target`: the target's LM head rows of the draft vocabulary
+    /// and its final norm, as vLLM's `speculators` starts its `lm_head`).
+    pub draft_head_init: DraftHeadInit,
+}
+
+/// How a fresh EAGLE-3 draft's output layer (`norm`, `lm_head`) starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftHeadInit {
+    /// Drawn from N(0, 0.02²), the norm at one (SpecForge's).
+    #[default]
+    Random,
+    /// The target's LM head rows of the draft vocabulary and the target's final norm.
+    Target,
 }
 
 /// The kind of draft a run trains.
@@ -295,6 +310,7 @@ impl Default for SpeculatorConfig {
             draft_vocab_size: None,
             ttt_length: 7,
             aux_layers: Vec::new(),
+            draft_head_init: DraftHeadInit::Random,
         }
     }
 }

@@ -24,6 +24,7 @@ use kd_train::{
 };
 
 use crate::acceptance::{CheckpointDraft, CheckpointEval, Eagle3Source, TrainingWatcher};
+use crate::config::DraftHeadInit;
 use crate::error::PipelineError;
 use crate::observe::Phase;
 use crate::run::{Phases, Trained};
@@ -260,7 +261,11 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
             let mut draft_config = Eagle3Config::for_target(tc, vocab.len())?;
             draft_config.aux_layers = Some(layers);
             device.seed(derive_seed(config.seed, &[0xEA3]));
-            Eagle3Draft::new(draft_config, vocab, embedding.clone(), device)?
+            let draft = Eagle3Draft::new(draft_config, vocab, embedding.clone(), device)?;
+            match config.draft_head_init {
+                DraftHeadInit::Random => draft,
+                DraftHeadInit::Target => draft.with_target_head(target)?,
+            }
         }
     };
     let coverage = vocab_coverage(draft.vocab(), &examples.examples);

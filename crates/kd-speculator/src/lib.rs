@@ -44,7 +44,7 @@ mod tools;
 
 pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance, write_eval_report};
 pub use config::{
-    DEFAULT_DRAFT_VOCAB_SIZE, DraftMethod, SpeculatorConfig, default_draft_devices,
+    DEFAULT_DRAFT_VOCAB_SIZE, DraftHeadInit, DraftMethod, SpeculatorConfig, default_draft_devices,
     default_target_devices,
 };
 pub use data::{

@@ -345,7 +345,12 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
     let trainable = 3 * d * d + 2 * d * (q + 2 * kv) + q * d + 3 * d * i + 4 * d + size * d;
     let start = match &config.init_adapter {
         Some(dir) => format!("from {}", dir.display()),
-        None => "fresh".to_string(),
+        None => match config.draft_head_init {
+            crate::config::DraftHeadInit::Random => "fresh".to_string(),
+            crate::config::DraftHeadInit::Target => {
+                "fresh, lm_head and norm from the target's".to_string()
+            }
+        },
     };
     let bytes_per_token = 3 * d * 4;
     vec![

@@ -35,6 +35,7 @@ mod decode;
 mod export;
 mod file;
 mod gguf;
+mod init;
 mod vocab;
 
 pub use cache::{DraftKvCache, TttCache};

@@ -64,6 +64,22 @@ impl Llama {
         }
     }
 
+    /// Rows `rows` of the LM head (the embedding's when tied) as f32 `[rows, hidden]`, read
+    /// from a lean model's blocks when its f32 copy is not made (the values that copy holds).
+    pub(crate) fn lm_head_rows(&self, rows: &[usize]) -> TensorData {
+        if let Some(packed) = self.packed.as_ref()
+            && let Some(head) = packed.head.as_ref()
+            && !self.head_param().is_initialized()
+        {
+            let d = head.dims()[1];
+            return TensorData::new(head.dequantize_rows(rows), [rows.len(), d]);
+        }
+        let weight = self.lm_head_weight();
+        let ids: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [rows.len()]), &weight.device());
+        weight.select(0, ids).into_data().convert::<f32>()
+    }
+
     /// Applies the LM head (or the tied embedding) to hidden states `[batch, seq, hidden]`.
     pub fn lm_head_forward(&self, x: Tensor<3>) -> Tensor<3> {
         let [b, s, d] = x.dims();

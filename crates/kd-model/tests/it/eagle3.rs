@@ -534,3 +534,73 @@ fn a_gguf_export_names_what_does_not_fit_the_target() {
     assert!(e.contains("config.json"), "{e}");
     assert!(!out.exists(), "nothing written on an error");
 }
+
+/// A draft whose output layer starts from the target's gives, before training, the target's
+/// own logits over the draft vocabulary: its `lm_head(norm(h))` equals the target's final
+/// norm and LM head on the same hidden states, at the columns the vocabulary names. A lean
+/// target (reading the head's rows from its blocks) starts the same head, bit for bit.
+#[test]
+fn a_draft_head_started_from_the_target_gives_the_target_s_logits() {
+    let device = cpu();
+    let path = fixtures().join("tiny-gguf/tiny.gguf");
+    let target = kd_model::Llama::load(&path, &device).unwrap();
+    let lean = kd_model::Llama::load_for_inference(&path, &device).unwrap();
+    let counts: Vec<u64> = (0..1024u64).map(|i| (i * 7919) % 101).collect();
+    let vocab = DraftVocab::from_counts(&counts, 64).unwrap();
+    let fresh = || {
+        let config = kd_model::Eagle3Config::for_target(target.config(), 64).unwrap();
+        device.seed(7);
+        Eagle3Draft::new(
+            config,
+            vocab.clone(),
+            target.embed_tokens.weight.val(),
+            &device,
+        )
+        .unwrap()
+    };
+    let random = fresh();
+    let draft = fresh().with_target_head(&target).unwrap();
+    let from_lean = fresh().with_target_head(&lean).unwrap();
+    assert_eq!(
+        draft.lm_head.val().into_data(),
+        from_lean.lm_head.val().into_data()
+    );
+    assert_ne!(
+        draft.lm_head.val().into_data(),
+        random.lm_head.val().into_data()
+    );
+
+    device.seed(8);
+    let h = Tensor::<3>::random(
+        [2, 3, 96],
+        burn::tensor::Distribution::Normal(0.0, 1.0),
+        (&device, DType::F32),
+    );
+    let ours = host(draft.logits(h.clone()));
+    let full = host(target.lm_head_forward(target.norm.forward(h)));
+    let scale = full.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(scale > 0.1, "the target's logits are not all near zero");
+    for row in 0..6 {
+        for (j, &t) in vocab.target_ids().iter().enumerate() {
+            let (a, b) = (ours[row * 64 + j], full[row * 1024 + t as usize]);
+            assert!(
+                (a - b).abs() <= 1e-5 * scale,
+                "row {row}, draft token {j} (target {t}): {a} vs the target's {b}"
+            );
+        }
+    }
+
+    // A draft over another vocabulary does not take this target's head.
+    let mut config = kd_model::Eagle3Config::for_target(target.config(), 64).unwrap();
+    config.llama.vocab_size = 2048;
+    let counts: Vec<u64> = (0..2048u64).map(|i| (i * 7919) % 101).collect();
+    let other = Eagle3Draft::new(
+        config,
+        DraftVocab::from_counts(&counts, 64).unwrap(),
+        Tensor::<2>::zeros([2048, 96], (&device, DType::F32)),
+        &device,
+    )
+    .unwrap();
+    let err = other.with_target_head(&target).unwrap_err().to_string();
+    assert!(err.contains("1024") && err.contains("2048"), "{err}");
+}
