@@ -1,8 +1,8 @@
 //! For the test harnesses of crates built on these kernels: run a test binary's
 //! kernel-level cases again at every lower instruction-set level.
 //!
-//! The level is fixed per process ([`cpu::level`](crate::cpu::level) reads
-//! [`SIMD_ENV`](crate::cpu::SIMD_ENV) once), so a test at another level is a child process:
+//! The level is fixed per process ([`cpu::level`] reads
+//! [`SIMD_ENV`] once), so a test at another level is a child process:
 //! [`rerun_at_lower_levels`] starts the running test binary again with `KD_SIMD` set, once
 //! per level below the one in use, with libtest filters that select the cases. An AVX-512
 //! machine thereby runs every case at AVX-512, AVX2 and scalar; an AVX2 machine at AVX2 and
@@ -29,7 +29,7 @@ pub struct LevelRun {
 }
 
 /// Runs the current test binary again once per supported level below
-/// [`cpu::level`](crate::cpu::level), with `KD_SIMD` set to that level and the libtest
+/// [`cpu::level`], with `KD_SIMD` set to that level and the libtest
 /// arguments `filters` (test-name filters, e.g. `ops::`) followed by `--skip` for each of
 /// `skip` (e.g. the calling test's own name). Nothing is run inside such a child (so
 /// children never start children). An error when the binary cannot be started.

@@ -250,7 +250,7 @@ impl<B: Backend + LinearCeBackend, C: CheckpointStrategy> LinearCeBackend for Au
 }
 
 /// Next-token cross-entropy through the LM head: Σ over rows with `targets[r] ≥ 0` of
-/// −log softmax(hidden[r] · Wᵀ)[target], divided by `normalizer`.
+/// `−log softmax(hidden[r] · Wᵀ)[target]`, divided by `normalizer`.
 ///
 /// - `hidden`: `[rows, hidden]` (the final-norm hidden states, already aligned with
 ///   `targets`, e.g. by [`crate::next_token_targets`]);

@@ -422,7 +422,7 @@ fn stats_of(v: &[f32]) -> LossStats {
 ///
 /// - `hidden`: `[rows, hidden]`, rows aligned with the teacher's (after the next-token shift);
 /// - `weight`: the LM head `[vocab, hidden]`, frozen or trained;
-/// - `teacher`: full logits `[rows, vocab]` or top-k `[rows, k]` (as for [`kd_loss`]; top-k
+/// - `teacher`: full logits `[rows, vocab]` or top-k `[rows, k]` (as for [`kd_loss`](crate::kd_loss); top-k
 ///   indices distinct within a row, as a teacher's are).
 ///
 /// In top-k mode with ROLL's renormalised student and no CE, only the student's logits at the

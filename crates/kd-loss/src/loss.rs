@@ -249,7 +249,7 @@ pub fn kd_loss_with(
 }
 
 /// Cross-entropy over rows of logits `[rows, vocab]` against `targets` (−100, or any
-/// negative value, = ignored): Σ over counted rows of −log softmax(z)[target], divided by
+/// negative value, = ignored): Σ over counted rows of `−log softmax(z)[target]`, divided by
 /// `normalizer`.
 pub fn cross_entropy(logits: Tensor<2>, targets: &[i64], normalizer: f32) -> Result<LossOutput> {
     cross_entropy_with(logits, targets, normalizer, KernelPath::Auto)

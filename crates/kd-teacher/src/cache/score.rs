@@ -20,7 +20,7 @@ use crate::types::{LayerHidden, ScoreOptions, Scores};
 pub struct ScoreCacheManifest {
     /// Format version.
     pub version: u32,
-    /// The teacher (see [`model_fingerprint`]).
+    /// The teacher (see [`model_fingerprint`](super::model_fingerprint)).
     pub teacher: String,
     /// Top-k and hidden layers.
     pub options: ScoreOptions,
@@ -45,7 +45,7 @@ pub fn sequences_hash(sequences: &[Vec<u32>]) -> String {
 }
 
 /// A cache directory of teacher scores (top-k log-probs and hidden states): shards in
-/// safetensors (`lengths` [n] u32, `indices` [positions, k] u32, `logprobs` [positions, k]
+/// safetensors (`lengths` `[n]` u32, `indices` `[positions, k]` u32, `logprobs` `[positions, k]`
 /// f32, `hidden.{layer}` [positions, dim] f32), each written atomically.
 #[derive(Debug, Clone)]
 pub struct ScoreCache {
@@ -82,7 +82,7 @@ impl ScoreCache {
     }
 
     /// [`score`](Self::score), where `progress` may end the work after a shard, as in
-    /// [`GenerationCache::generate_while`].
+    /// [`super::GenerationCache::generate_while`].
     pub fn score_while(
         &self,
         teacher: &dyn Teacher,
@@ -93,14 +93,14 @@ impl ScoreCache {
     }
 
     /// [`open`](Self::open) by every rank of `world`, a collective: rank 0 first, as
-    /// [`GenerationCache::open_across`].
+    /// [`super::GenerationCache::open_across`].
     pub fn open_across(world: &World, dir: &Path, manifest: ScoreCacheManifest) -> Result<Self> {
         world.root_first(|| Self::open(dir, manifest))
     }
 
     /// [`score_while`](Self::score_while) by every rank of `world`, a collective: each rank
     /// scores its share, waits for the others, then reads them all, as
-    /// [`GenerationCache::generate_across`].
+    /// [`super::GenerationCache::generate_across`].
     pub fn score_across(
         &self,
         world: &World,
@@ -122,7 +122,7 @@ impl ScoreCache {
 
     /// [`score_while`](Self::score_while) for rank `rank` of `ranks` processes sharing the
     /// cache: only the shards `s` with `s % ranks == rank`, as in
-    /// [`GenerationCache::generate_share_while`].
+    /// [`super::GenerationCache::generate_share_while`].
     pub fn score_share_while(
         &self,
         teacher: &dyn Teacher,

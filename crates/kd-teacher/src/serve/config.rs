@@ -18,7 +18,7 @@ pub struct ServeConfig {
     /// time). An empty key is refused ([`api_key_from_env`] reads one from the environment).
     pub api_key: Option<String>,
     /// Serve without a key on an address other than loopback. Off by default:
-    /// [`spawn_server`] refuses such an address without a key, so that a forgotten key fails
+    /// [`spawn_server`](super::spawn_server) refuses such an address without a key, so that a forgotten key fails
     /// closed.
     pub allow_unauthenticated: bool,
     /// Most prompts in one request; more are refused with HTTP 400.

@@ -1,7 +1,7 @@
 //! Masked attention with grouped K/V heads, FlashAttention-2 style on the CPU.
 //!
-//! Forward: per (batch row, query head), blocks of [`QUERY_BLOCK`] queries walk blocks of
-//! [`KEY_BLOCK`] keys with an online softmax (running maximum and sum per query; earlier
+//! Forward: per (batch row, query head), blocks of `QUERY_BLOCK` queries walk blocks of
+//! `KEY_BLOCK` keys with an online softmax (running maximum and sum per query; earlier
 //! partial outputs rescaled when the maximum grows), so that only one block of scores exists
 //! at a time; what is kept for the backward pass is the output and one log-sum-exp per query.
 //! Backward: per (batch row, K/V head), the probabilities of each block are recomputed from the
