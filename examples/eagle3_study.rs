@@ -120,11 +120,11 @@ fn main() -> Result<()> {
         eval_max_prompts: args.eval_max_prompts,
         ..SpeculatorConfig::default()
     };
-    let limit = kd_speculator::prompt_limit(
+    let limit = kd_speculator::phases::prompt_limit(
         Some(config.max_seq_length),
         &[("target", tc.max_position_embeddings)],
     );
-    let prompts = kd_speculator::load_prompts(&config, &tokenizer, limit)?;
+    let prompts = kd_speculator::phases::load_prompts(&config, &tokenizer, limit)?;
     if let Some(w) = prompts.too_long.warning() {
         println!("warning: {w}");
     }
@@ -351,7 +351,7 @@ fn train_draft(
                 "generated {tokens} tokens in {:.1} s",
                 started.elapsed().as_secs_f64()
             );
-            kd_model::write_atomic(&cache, serde_json::to_string(&all)?.as_bytes())?;
+            kd_model::weights::write_atomic(&cache, serde_json::to_string(&all)?.as_bytes())?;
             all
         }
     };

@@ -16,7 +16,7 @@ use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
 use kd_model::{
-    Llama, LoraConfig, PaddingSide, SaveDType, TokenBatch, parse_device, write_safetensors,
+    Llama, LoraConfig, PaddingSide, SaveDType, TokenBatch, parse_device, weights::write_safetensors,
 };
 
 #[derive(Parser, Debug)]

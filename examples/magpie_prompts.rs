@@ -1,6 +1,6 @@
 //! Training prompts written by the target itself (Magpie): the chat template up to a user's
 //! message is the whole prompt, and each sampled user turn becomes one line of an OpenAI
-//! batch file that the speculator's `--data_dir` reads (`kd_speculator::magpie_prompts`).
+//! batch file that the speculator's `--data_dir` reads (`kd_speculator::magpie::magpie_prompts`).
 //!
 //! ```text
 //! fixtures/fetch-smollm2.sh
@@ -16,7 +16,7 @@ use anyhow::Result;
 use clap::Parser;
 use kd_data::ChatTokenizer;
 use kd_model::{Llama, parse_device};
-use kd_speculator::{MagpieOptions, magpie_prompts, write_batch_input};
+use kd_speculator::{magpie::MagpieOptions, magpie::magpie_prompts, magpie::write_batch_input};
 
 #[derive(Parser, Debug)]
 struct Args {

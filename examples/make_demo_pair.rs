@@ -178,7 +178,7 @@ fn save(model: &Llama, tokenizer_dir: &Path, out: &Path) -> Result<()> {
         std::fs::remove_dir_all(out)?;
     }
     model.save(out, SaveDType::BF16)?;
-    kd_model::copy_tokenizer_files(tokenizer_dir, out)?;
+    kd_model::weights::copy_tokenizer_files(tokenizer_dir, out)?;
     Ok(())
 }
 

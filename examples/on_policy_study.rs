@@ -35,7 +35,8 @@ use clap::Parser;
 use kd_eval::{AcceptanceReport, evaluate};
 use kd_model::{Llama, Sampling};
 use kd_speculator::{
-    ACCEPTANCE_FILE, Quiet, SpeculatorConfig, SpeculatorSummary, eval_options, run, setup,
+    Quiet, SpeculatorConfig, SpeculatorSummary, files::ACCEPTANCE_FILE, phases::eval_options,
+    phases::setup, run,
 };
 use serde_json::{Value, json};
 

@@ -6,7 +6,9 @@
 
 use anyhow::Result;
 use burn::tensor::DType;
-use kd_model::{adapters, cuda_compiled, describe, parse_device, wgpu_compiled};
+use kd_model::{
+    device::adapters, device::cuda_compiled, device::describe, device::wgpu_compiled, parse_device,
+};
 
 fn main() -> Result<()> {
     kd_benches::print_machine()?;

@@ -60,7 +60,7 @@ struct Args {
 /// Decode time per token at each position of `positions`, batch 1, greedy, KV cache.
 fn per_position(model: &Llama, config: &LlamaConfig, positions: &[usize]) -> Result<()> {
     use kd_model::sampling::argmax;
-    use kd_model::{ForwardOptions, TokenBatch, to_host};
+    use kd_model::{ForwardOptions, TokenBatch, generate::to_host};
     let last = *positions.iter().max().unwrap_or(&100) + 11;
     let prompt: Vec<u32> = (1..9).collect();
     let mut cache = model.new_cache();
@@ -120,7 +120,7 @@ fn main() -> Result<()> {
     let args = Args::parse();
     kd_benches::print_machine()?;
     let device = parse_device(&args.device)?;
-    println!("device: {}", kd_model::describe(&device));
+    println!("device: {}", kd_model::device::describe(&device));
     device.seed(0);
     let mut config = args.preset.config()?;
     if let Some(v) = args.vocab {

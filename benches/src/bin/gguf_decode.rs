@@ -228,7 +228,7 @@ fn verification_passes(model: &Llama, args: &Args, label: &str) -> Result<()> {
         for _ in 0..args.repeats.max(1) * 4 + 1 {
             let t = Instant::now();
             let out = model.forward_cached(&TokenBatch::single(fed), &mut cache, &options)?;
-            kd_model::to_host(out.into_logits()?);
+            kd_model::generate::to_host(out.into_logits()?);
             times.push(t.elapsed().as_secs_f64());
             cache.truncate(&[base])?;
         }

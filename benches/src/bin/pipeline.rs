@@ -18,8 +18,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kd_model::{Llama, LlamaConfig, SaveDType, parse_device};
 use kd_speculator::{
-    Phase, Quiet, SpeculatorConfig, build_examples, generation_params, lora_config, run, setup,
-    train_config,
+    Phase, Quiet, SpeculatorConfig, phases::build_examples, phases::generation_params,
+    phases::lora_config, phases::setup, phases::train_config, run,
 };
 use kd_teacher::{LocalTeacher, Teacher};
 use kd_train::{CausalLmLoss, ModelFiles, TrainModel, Trainer};

@@ -179,7 +179,7 @@ fn main() -> Result<()> {
     }
     let device = parse_device(&args.device)?;
     let on_cpu = device == parse_device("cpu")?;
-    println!("device: {}", kd_model::describe(&device));
+    println!("device: {}", kd_model::device::describe(&device));
     device.seed(0);
     let seed_1b = args.preset == Preset::Seed1b;
     let (name, mut config, lora, shape) = if seed_1b {

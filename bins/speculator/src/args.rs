@@ -745,7 +745,7 @@ mod tests {
             ]
         );
         // Devices: the seed's GPUs in a CUDA build, the CPU otherwise.
-        let (t, d) = if kd_model::cuda_compiled() {
+        let (t, d) = if kd_model::device::cuda_compiled() {
             ("0,1,2,3", "4,5,6,7")
         } else {
             ("cpu", "cpu")

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kd_eval::{AcceptanceReport, EvalPhase};
-use kd_speculator::{Phase, SpeculatorObserver, SpeculatorSummary, StopSignals};
+use kd_speculator::{Phase, SpeculatorObserver, SpeculatorSummary, process::StopSignals};
 use kd_teacher::CacheProgress;
 use kd_train::{LogRecord, TrainObserver};
 

@@ -62,12 +62,12 @@ fn main() -> ExitCode {
         eprintln!(
             "the same command continues: with --resume_from_checkpoint latest once \
                          training had started (exit status {})",
-            kd_speculator::EXIT_STOPPED
+            kd_speculator::process::EXIT_STOPPED
         );
     }
     // Across ranks, a success shuts MPI down with the others; a failure ends the whole job
     // (the other ranks may be waiting for this one).
-    ExitCode::from(kd_speculator::exit_status(pipeline.map(|_| ())))
+    ExitCode::from(kd_speculator::process::exit_status(pipeline.map(|_| ())))
 }
 
 fn run() -> Result<()> {
@@ -83,7 +83,7 @@ fn run() -> Result<()> {
         }
         Some(Command::Eval(e)) => {
             let config = e.config();
-            let mut display = Display::new(kd_speculator::StopSignals::manual());
+            let mut display = Display::new(kd_speculator::process::StopSignals::manual());
             let root = kd_dist::world().is_root();
             let outcome = kd_speculator::eval(&config, |phase, done, total| {
                 if root {
@@ -101,7 +101,7 @@ fn run() -> Result<()> {
             let report = outcome.report;
             print_report("acceptance", &report);
             if let Some(path) = &e.output {
-                let chart = kd_speculator::write_eval_report(path, &report)?;
+                let chart = kd_speculator::files::write_eval_report(path, &report)?;
                 println!(
                     "report written to {} (per-position acceptance: {})",
                     path.display(),
@@ -179,10 +179,10 @@ fn train(config: kd_speculator::SpeculatorConfig, dry_run: bool) -> Result<()> {
         return Ok(());
     }
     kd_train::retain_freed_memory();
-    let stop = kd_speculator::StopSignals::install()?;
+    let stop = kd_speculator::process::StopSignals::install()?;
     if !kd_dist::world().is_root() {
         // Rank 0 reports the run.
-        kd_speculator::run(&config, &mut kd_speculator::QuietRank { stop })?;
+        kd_speculator::run(&config, &mut kd_speculator::process::QuietRank { stop })?;
         return Ok(());
     }
     let mut display = Display::new(stop);

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use burn::tensor::Device;
-use kd_model::{Llama, TokenBatch, to_host};
+use kd_model::{Llama, TokenBatch, generate::to_host};
 
 fn demo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/demo")

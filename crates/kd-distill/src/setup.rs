@@ -122,7 +122,7 @@ pub(crate) fn worker_device(
     warnings: &mut Vec<String>,
 ) -> Result<Device> {
     match mapping.and_then(|m| m.0.first()) {
-        Some(_) if kd_model::gpus_available() => {
+        Some(_) if kd_model::device::gpus_available() => {
             // One data-parallel rank per listed GPU (mpirun -np N); alone, the first one.
             let listed = mapping.map(|m| m.0.as_slice()).unwrap_or_default();
             let devices = listed

@@ -11,7 +11,8 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use kd_model::{
-    DraftKvCache, Eagle3Draft, ForwardOptions, KvCache, Llama, PaddingSide, TokenBatch, to_host,
+    Eagle3Draft, ForwardOptions, KvCache, Llama, PaddingSide, TokenBatch, eagle3::DraftKvCache,
+    generate::to_host,
 };
 
 use crate::error::{EvalError, Result};

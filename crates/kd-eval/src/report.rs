@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use kd_dist::World;
-use kd_model::{Completion, GenerateOptions, Llama, SeededPrompt, stream_seed};
+use kd_model::{Completion, GenerateOptions, Llama, SeededPrompt, generate::stream_seed};
 use serde::{Deserialize, Serialize};
 
 use crate::draft::Drafter;

@@ -16,7 +16,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use kd_model::sampling::{argmax, distribution, sample_from};
 use kd_model::{
     Completion, FinishReason, ForwardOptions, HiddenStates, KvCache, Llama, PaddingSide, Sampling,
-    SeededPrompt, TokenBatch, to_host,
+    SeededPrompt, TokenBatch, generate::to_host,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

@@ -34,13 +34,13 @@
 mod batch;
 mod cache;
 mod config;
-mod device;
-mod eagle3;
+pub mod device;
+pub mod eagle3;
 mod error;
 mod family;
-mod generate;
-mod gguf;
-mod hub;
+pub mod generate;
+pub mod gguf;
+pub mod hub;
 mod lora;
 mod model;
 pub mod ops;
@@ -49,7 +49,15 @@ mod q8;
 mod rope;
 pub mod sampling;
 mod skinny;
-mod weights;
+pub mod weights;
+
+/// The model's building blocks: the types of [`Llama`]'s public fields and the rotary
+/// embedding, for code that reads or replaces a layer.
+pub mod layers {
+    pub use crate::model::{Attention, DecoderLayer, LmHead, Mlp};
+    pub use crate::rope::{Rope, apply_rotary};
+    pub use kd_lora::LoraLinear;
+}
 
 use std::path::Path;
 
@@ -58,38 +66,22 @@ use burn::tensor::Device;
 pub use batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
 pub use cache::KvCache;
 pub use config::{LlamaConfig, RopeScaling, StoredDType};
-pub use device::{
-    Adapter, GraphicsApi, adapters, cuda_compiled, describe, gpus_available, parse_device,
-    parse_device_list, wgpu_compiled,
-};
-pub use eagle3::{
-    DraftKvCache, DraftVocab, EAGLE3_ARCHITECTURE, Eagle3Config, Eagle3Draft, Eagle3Format,
-    GgufWeightType, SpeculatorsVerifier, TttCache, export_eagle3, export_eagle3_gguf,
-    is_eagle3_dir,
-};
+pub use device::parse_device;
+pub use eagle3::{DraftVocab, Eagle3Config, Eagle3Draft};
 pub use error::{ModelError, Result};
 pub use family::ModelFamily;
-pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt, stream_seed, to_host};
-pub use gguf::unpermute_rows;
-pub use hub::{hf_hub_cache, parse_hub_id, resolve_model_path, resolve_model_path_in};
-pub use kd_lora::{LoraConfig, LoraLinear, TargetModules};
-pub use lora::{ParameterReport, TOKENIZER_FILES, copy_tokenizer_files};
-pub use model::{Attention, DecoderLayer, Llama, LmHead, Mlp, ModelOutput};
-pub use rope::{Rope, apply_rotary};
+pub use generate::{Completion, FinishReason, GenerateOptions, SeededPrompt};
+pub use kd_lora::{LoraConfig, TargetModules};
+pub use lora::ParameterReport;
+pub use model::{Llama, ModelOutput};
 pub use sampling::Sampling;
-pub use weights::{
-    ComputeDType, INDEX_FILE, SINGLE_FILE, SaveDType, expected_tensors, write_atomic,
-    write_safetensors,
-};
-
-/// Largest shard [`Llama::save`] writes by default (transformers' default, 5 GB).
-pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
+pub use weights::{ComputeDType, SaveDType};
 
 impl Llama {
     /// Loads a model computing in f32: a Hugging Face directory (`config.json` and
     /// safetensors weights), a `.gguf` file, a directory holding one `.gguf` file and no
     /// `config.json`, or a hub id (`org/name`) found in the local Hugging Face cache
-    /// ([`resolve_model_path`]). Llama, Qwen2/Qwen2.5 and Qwen3 models ([`ModelFamily`]).
+    /// ([`hub::resolve_model_path`]). Llama, Qwen2/Qwen2.5 and Qwen3 models ([`ModelFamily`]).
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
         Self::load_with(path, ComputeDType::F32, device)
     }
@@ -97,7 +89,7 @@ impl Llama {
     /// Like [`load`](Self::load), computing in the given dtype. GGUF weights are dequantised
     /// to f32 (then rounded to bf16 when asked).
     pub fn load_with(path: impl AsRef<Path>, dtype: ComputeDType, device: &Device) -> Result<Self> {
-        let path = &resolve_model_path(path)?;
+        let path = &hub::resolve_model_path(path)?;
         if let Some(file) = gguf::gguf_path(path)? {
             let (source, config) = gguf::GgufSource::open(&file)?;
             return weights::load(&source, config, dtype, device);
@@ -116,7 +108,7 @@ impl Llama {
     /// rows). Do not train or merge into such a model's base weights: the blocks would not
     /// follow ([`merge_and_unload`](Self::merge_and_unload) drops them).
     pub fn load_for_inference(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
-        let path = &resolve_model_path(path)?;
+        let path = &hub::resolve_model_path(path)?;
         let Some(file) = gguf::gguf_path(path)? else {
             return Self::load(path, device);
         };
@@ -158,7 +150,7 @@ impl Llama {
     /// there are. When all are, passes of up to 32 rows run each layer on the host ([`with_host_layers`](Self::with_host_layers)).
     /// `None` for a Hugging Face directory. Reads only the file's header.
     pub fn packed_projections(path: impl AsRef<Path>) -> Result<Option<(usize, usize)>> {
-        let path = &resolve_model_path(path)?;
+        let path = &hub::resolve_model_path(path)?;
         let Some(file) = gguf::gguf_path(path)? else {
             return Ok(None);
         };
@@ -260,9 +252,9 @@ impl Llama {
     }
 
     /// Writes `config.json` and the weights to `dir` in Hugging Face layout (shards of at most
-    /// [`DEFAULT_MAX_SHARD_BYTES`]), every file atomically.
+    /// [`weights::DEFAULT_MAX_SHARD_BYTES`]), every file atomically.
     pub fn save(&self, dir: impl AsRef<Path>, dtype: SaveDType) -> Result<()> {
-        self.save_sharded(dir, dtype, DEFAULT_MAX_SHARD_BYTES)
+        self.save_sharded(dir, dtype, weights::DEFAULT_MAX_SHARD_BYTES)
     }
 
     /// Like [`save`](Self::save), with a chosen shard size.
@@ -281,7 +273,7 @@ impl Llama {
             SaveDType::F16 => StoredDType::F16,
         });
         let text = serde_json::to_string_pretty(&config.to_json()).expect("JSON values serialise");
-        write_atomic(&dir.join("config.json"), text.as_bytes())
+        weights::write_atomic(&dir.join("config.json"), text.as_bytes())
     }
 }
 

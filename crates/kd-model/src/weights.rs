@@ -1,5 +1,6 @@
 //! Reading and writing Hugging Face safetensors checkpoints: `model.safetensors`, or shards
-//! listed in `model.safetensors.index.json`; stored dtypes F32, BF16 and F16.
+//! listed in `model.safetensors.index.json`; stored dtypes F32, BF16 and F16; the tokenizer
+//! files that travel with a checkpoint.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -15,6 +16,7 @@ use serde_json::Value;
 
 mod save;
 
+pub use crate::lora::{TOKENIZER_FILES, copy_tokenizer_files};
 pub(crate) use save::save;
 pub use save::{SaveDType, write_atomic, write_safetensors};
 
@@ -22,6 +24,9 @@ use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::model::{DecoderLayer, Llama, LmHead, Mlp};
 use kd_lora::LoraLinear;
+
+/// Largest shard [`Llama::save`] writes by default (transformers' default, 5 GB).
+pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
 
 /// File name of a single-file checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";

@@ -111,7 +111,7 @@ fn wanted(file: &str) -> bool {
 
 /// Downloads the files a model load reads of the hub id `id` (`org/name[@revision]`) into
 /// the Hugging Face cache `cache`, and returns its snapshot directory (what
-/// [`kd_model::resolve_model_path`] then finds offline). Files already in the cache at that
+/// [`kd_model::hub::resolve_model_path`] then finds offline). Files already in the cache at that
 /// revision are not downloaded again. Progress goes to the observer
 /// [`set_download_observer`] set, if any.
 pub fn download_model(id: &str, cache: &Path, endpoint: &Endpoint) -> Result<PathBuf> {
@@ -134,7 +134,7 @@ pub fn download_model_with(
         message,
     };
     let (org, name, revision) =
-        kd_model::parse_hub_id(id).ok_or_else(|| err("not a hub id (org/name)".into()))?;
+        kd_model::hub::parse_hub_id(id).ok_or_else(|| err("not a hub id (org/name)".into()))?;
     // Shown at the binaries' default level: a model can be many gigabytes.
     tracing::warn!(
         "{id} is not in the Hugging Face cache {}: downloading it from {} (HF_HUB_OFFLINE=1 \

@@ -9,18 +9,18 @@ use kd_model::LlamaConfig;
 use crate::error::{PipelineError, Result};
 
 /// A model argument as a local path: itself when it exists, else a hub id (`org/name`)
-/// found in the local Hugging Face cache ([`kd_model::resolve_model_path`]); with the
+/// found in the local Hugging Face cache ([`kd_model::hub::resolve_model_path`]); with the
 /// `hub-download` feature, a hub id the cache lacks is downloaded into it first
 /// ([`crate::hub::download_model`]) unless `HF_HUB_OFFLINE` is set, as transformers does.
 pub fn local_model(path: &Path) -> Result<PathBuf> {
-    let resolved = kd_model::resolve_model_path(path)?;
+    let resolved = kd_model::hub::resolve_model_path(path)?;
     #[cfg(feature = "hub-download")]
     if !resolved.exists()
         && !crate::hub::offline()
         && let (Some(id), Some(cache)) = (
             path.to_str()
-                .filter(|s| kd_model::parse_hub_id(s).is_some()),
-            kd_model::hf_hub_cache(),
+                .filter(|s| kd_model::hub::parse_hub_id(s).is_some()),
+            kd_model::hub::hf_hub_cache(),
         )
     {
         return crate::hub::download_model(id, &cache, &crate::hub::Endpoint::from_env());
@@ -53,7 +53,7 @@ pub fn model_config(flag: &str, path: &Path) -> Result<LlamaConfig> {
              local Hugging Face model directory, a llama.cpp .gguf file, or a hub id \
              (org/name) downloaded into the Hugging Face cache ({})",
             path.display(),
-            kd_model::hf_hub_cache().map_or_else(
+            kd_model::hub::hf_hub_cache().map_or_else(
                 || "HF_HUB_CACHE / HF_HOME unset and no home directory".to_string(),
                 |c| format!("searched {}", c.display())
             )

@@ -189,7 +189,7 @@ fn a_hub_id_is_downloaded_into_the_cache_layout_and_found_offline() {
     );
     // The offline lookup (what every later run does) finds the same snapshot.
     assert_eq!(
-        kd_model::resolve_model_path_in("tiny-org/tiny-qwen3", cache.path()).unwrap(),
+        kd_model::hub::resolve_model_path_in("tiny-org/tiny-qwen3", cache.path()).unwrap(),
         snapshot
     );
     let config = kd_model::LlamaConfig::from_file(snapshot.join("config.json")).unwrap();

@@ -361,7 +361,7 @@ pub fn read_acceptance(path: &Path) -> Option<AcceptanceFile> {
 /// before → after training (whichever is measured yet), both atomically.
 pub(crate) fn write_acceptance(path: &Path, file: &AcceptanceFile) -> Result<()> {
     let text = serde_json::to_string_pretty(file).expect("the report serialises");
-    kd_model::write_atomic(path, text.as_bytes())?;
+    kd_model::weights::write_atomic(path, text.as_bytes())?;
     let reports: Vec<(&str, &AcceptanceReport)> =
         [("before", &file.before), ("after", &file.after)]
             .into_iter()
@@ -371,7 +371,7 @@ pub(crate) fn write_acceptance(path: &Path, file: &AcceptanceFile) -> Result<()>
         return Ok(());
     }
     let svg = kd_eval::acceptance_svg(&reports)?;
-    Ok(kd_model::write_atomic(
+    Ok(kd_model::weights::write_atomic(
         &path.with_extension("svg"),
         svg.as_bytes(),
     )?)
@@ -382,10 +382,10 @@ pub(crate) fn write_acceptance(path: &Path, file: &AcceptanceFile) -> Result<()>
 /// atomically. Returns the chart's path.
 pub fn write_eval_report(path: &Path, report: &AcceptanceReport) -> Result<PathBuf> {
     let text = serde_json::to_string_pretty(report).expect("the report serialises");
-    kd_model::write_atomic(path, text.as_bytes())?;
+    kd_model::weights::write_atomic(path, text.as_bytes())?;
     let chart = path.with_extension("svg");
     let svg = kd_eval::acceptance_svg(&[("draft", report)])?;
-    kd_model::write_atomic(&chart, svg.as_bytes())?;
+    kd_model::weights::write_atomic(&chart, svg.as_bytes())?;
     Ok(chart)
 }
 
@@ -409,7 +409,7 @@ pub(crate) fn write_best(out: &Path, last: Option<&PathBuf>, file: &AcceptanceFi
     state["best_metric"] = serde_json::json!(metric);
     state["metric_for_best_model"] = serde_json::json!("eval/mean_accepted_length");
     let text = serde_json::to_string_pretty(&state).expect("JSON values serialise");
-    Ok(kd_model::write_atomic(
+    Ok(kd_model::weights::write_atomic(
         &out.join(TRAINER_STATE_FILE),
         text.as_bytes(),
     )?)

@@ -213,7 +213,7 @@ pub const DEFAULT_DRAFT_VOCAB_SIZE: usize = 32_000;
 
 /// The default device list of the target: the seed's GPUs in a CUDA build, else the CPU.
 pub fn default_target_devices() -> &'static str {
-    if kd_model::cuda_compiled() {
+    if kd_model::device::cuda_compiled() {
         "0,1,2,3"
     } else {
         "cpu"
@@ -222,7 +222,7 @@ pub fn default_target_devices() -> &'static str {
 
 /// The default device list of the draft.
 pub fn default_draft_devices() -> &'static str {
-    if kd_model::cuda_compiled() {
+    if kd_model::device::cuda_compiled() {
         "4,5,6,7"
     } else {
         "cpu"
@@ -319,12 +319,12 @@ impl SpeculatorConfig {
     /// The same configuration with `target_model` and `draft_model` as local paths: a hub id
     /// (`meta-llama/Llama-3.2-1B-Instruct`, as the seed's command lines name models) found in
     /// the local Hugging Face cache becomes its snapshot directory
-    /// ([`kd_model::resolve_model_path`]); anything else is left as given.
+    /// ([`kd_model::hub::resolve_model_path`]); anything else is left as given.
     /// With a remote teacher (`teacher_url`) the target is only looked up, never downloaded.
     pub fn with_local_models(&self) -> crate::error::Result<Self> {
         Ok(Self {
             target_model: if self.teacher_url.is_some() {
-                kd_model::resolve_model_path(&self.target_model)?
+                kd_model::hub::resolve_model_path(&self.target_model)?
             } else {
                 kd_pipeline::models::local_model(&self.target_model)?
             },

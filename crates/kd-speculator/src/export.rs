@@ -3,9 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-pub use kd_model::GgufWeightType;
+pub use kd_model::eagle3::GgufWeightType;
 use kd_model::{
-    Eagle3Format, SpeculatorsVerifier, export_eagle3, export_eagle3_gguf, is_eagle3_dir,
+    eagle3::Eagle3Format, eagle3::SpeculatorsVerifier, eagle3::export_eagle3,
+    eagle3::export_eagle3_gguf, eagle3::is_eagle3_dir,
 };
 use serde::{Deserialize, Serialize};
 
@@ -92,7 +93,7 @@ fn target_gguf(config: &ExportConfig) -> Result<PathBuf> {
         Some(v) => (v.clone(), "--verifier"),
         None => (run_target(&config.draft)?, "the run's target_model"),
     };
-    let path = kd_model::resolve_model_path(Path::new(&name))
+    let path = kd_model::hub::resolve_model_path(Path::new(&name))
         .map_err(|e| PipelineError::Config(format!("{flag} {name}: {e}")))?;
     match kd_gguf::locate(&path, "config.json") {
         Ok(Some(file)) => Ok(file),
@@ -126,7 +127,7 @@ fn run_target(checkpoint: &Path) -> Result<String> {
 /// The Hugging Face architecture of the verifier, from its configuration when it is found
 /// here (a directory, a GGUF file, or a hub id in the local cache).
 fn verifier_architecture(name: &str) -> Result<String> {
-    let path = kd_model::resolve_model_path(Path::new(name)).map_err(|e| {
+    let path = kd_model::hub::resolve_model_path(Path::new(name)).map_err(|e| {
         PipelineError::Config(format!(
             "--verifier {name}: {e} (its architecture goes into the speculators config)"
         ))

@@ -27,13 +27,13 @@
 #![forbid(unsafe_code)]
 
 mod acceptance;
-mod config;
+pub mod config;
 mod data;
 pub mod eagle3;
 mod error;
 mod export;
 mod loss;
-mod magpie;
+pub mod magpie;
 mod observe;
 mod plan;
 mod run;
@@ -42,29 +42,41 @@ mod setup;
 mod teacher;
 mod tools;
 
-pub use acceptance::{AcceptanceFile, CheckpointAcceptance, read_acceptance, write_eval_report};
-pub use config::{
-    DEFAULT_DRAFT_VOCAB_SIZE, DraftHeadInit, DraftMethod, SpeculatorConfig, default_draft_devices,
-    default_target_devices,
-};
-pub use data::{
-    Examples, LongPrompts, PromptSet, build_examples, drop_long_prompts, eval_count, load_prompts,
-    prompt_limit,
-};
+pub use config::{DraftHeadInit, DraftMethod, SpeculatorConfig};
 pub use error::{PipelineError, Result, error_report};
 pub use export::{ExportConfig, ExportTarget, GgufWeightType, export};
-pub use kd_pipeline::{EXIT_STOPPED, QuietRank, StopSignals, exit_status};
-pub use loss::{SpeculatorLoss, TeacherTargets};
-pub use magpie::{MagpieOptions, magpie_prefix, magpie_prompts, write_batch_input};
 pub use observe::{Phase, Quiet, SpeculatorObserver};
 pub use plan::{Plan, plan};
 pub use run::{SpeculatorSummary, run};
-pub use settings::{eval_options, generation_params, lora_config, on_policy_config, train_config};
-pub use setup::{
-    ACCEPTANCE_FILE, RUN_CONFIG_FILE, Setup, TEACHER_CACHE_DIR, check_output_dir,
-    check_vocabularies, setup, teacher_cache_dir,
-};
 pub use tools::{
-    EvalConfig, EvalOutcome, KeepLayers, ServeTeacherConfig, adapter_base, derive_draft, eval,
-    merge, serve_teacher,
+    EvalConfig, EvalOutcome, KeepLayers, ServeTeacherConfig, derive_draft, eval, merge,
+    serve_teacher,
 };
+
+/// The pieces [`run`] is made of, for callers that run some of them on their own (benches,
+/// studies): the setup, the prompts and examples, the trainer's settings, the loss.
+pub mod phases {
+    pub use crate::data::{
+        Examples, LongPrompts, PromptSet, build_examples, drop_long_prompts, eval_count,
+        load_prompts, prompt_limit,
+    };
+    pub use crate::loss::{SpeculatorLoss, TeacherTargets};
+    pub use crate::settings::{
+        eval_options, generation_params, lora_config, on_policy_config, train_config,
+    };
+    pub use crate::setup::{Setup, check_output_dir, check_vocabularies, setup, teacher_cache_dir};
+    pub use crate::tools::adapter_base;
+}
+
+/// The files a run writes in its output directory and reads back.
+pub mod files {
+    pub use crate::acceptance::{
+        AcceptanceFile, CheckpointAcceptance, read_acceptance, write_eval_report,
+    };
+    pub use crate::setup::{ACCEPTANCE_FILE, RUN_CONFIG_FILE, TEACHER_CACHE_DIR};
+}
+
+/// Stop signals and exit statuses of a run's process, for binaries (kd-pipeline's).
+pub mod process {
+    pub use kd_pipeline::{EXIT_STOPPED, QuietRank, StopSignals, exit_status};
+}

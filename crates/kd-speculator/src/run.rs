@@ -261,7 +261,7 @@ fn prepare_output_dir(config: &SpeculatorConfig) -> Result<kd_pipeline::RunLock>
         clear_run(out)?;
     }
     let text = serde_json::to_string_pretty(config).expect("the configuration serialises");
-    kd_model::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;
+    kd_model::weights::write_atomic(&out.join(RUN_CONFIG_FILE), text.as_bytes())?;
     Ok(lock)
 }
 

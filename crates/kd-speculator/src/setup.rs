@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
 use kd_data::ChatTokenizer;
-use kd_model::{LlamaConfig, parse_device_list};
+use kd_model::{LlamaConfig, device::parse_device_list};
 
 use crate::config::{DEFAULT_DRAFT_VOCAB_SIZE, DraftMethod, SpeculatorConfig};
 use crate::data::{PromptSet, load_prompts, prompt_limit};

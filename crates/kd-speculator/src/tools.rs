@@ -83,7 +83,7 @@ pub fn eval(
 ) -> Result<EvalOutcome> {
     let device = parse_device(&config.device)?;
     // An EAGLE-3 draft directory (ours or SpecForge's) has no model or tokenizer of its own.
-    let eagle3 = kd_model::is_eagle3_dir(&config.draft_model);
+    let eagle3 = kd_model::eagle3::is_eagle3_dir(&config.draft_model);
     let config = &EvalConfig {
         target_model: local_model(&config.target_model)?,
         draft_model: if eagle3 {

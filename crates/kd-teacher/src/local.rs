@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kd_data::ChatTokenizer;
-pub use kd_model::stream_seed;
+pub use kd_model::generate::stream_seed;
 use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, SeededPrompt, TokenBatch};
 use rayon::prelude::*;
 
@@ -248,7 +248,7 @@ impl Teacher for LocalTeacher {
                 .iter()
                 .map(|l| {
                     let t = output.hidden_state(*l).expect("requested").clone();
-                    (*l, kd_model::to_host(t))
+                    (*l, kd_model::generate::to_host(t))
                 })
                 .collect();
             let last = output.hidden_state(layers).expect("requested").clone();
@@ -266,7 +266,7 @@ impl Teacher for LocalTeacher {
                 let end = (start + block).min(rows);
                 let h = flat.clone().slice([start..end, 0..dim]);
                 let logits = h.matmul(head.clone());
-                let (v, i) = top_k_log_probs(&kd_model::to_host(logits), vocab, k);
+                let (v, i) = top_k_log_probs(&kd_model::generate::to_host(logits), vocab, k);
                 values.extend(v);
                 indices.extend(i);
             }

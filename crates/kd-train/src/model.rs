@@ -103,7 +103,7 @@ impl Trainable for TrainModel {
         }
         if let Some(p) = &self.projection {
             let w = p.proj.weight.val().transpose().into_data();
-            kd_model::write_safetensors(
+            kd_model::weights::write_safetensors(
                 &dir.join(PROJECTION_FILE),
                 &[("weight".to_string(), w)],
                 SaveDType::F32,

@@ -190,7 +190,7 @@ impl AdamW {
                 ));
             }
         }
-        kd_model::write_safetensors(path, &tensors, kd_model::SaveDType::F32)?;
+        kd_model::weights::write_safetensors(path, &tensors, kd_model::SaveDType::F32)?;
         Ok(())
     }
 

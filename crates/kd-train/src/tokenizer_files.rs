@@ -16,5 +16,5 @@ pub fn write_tokenizer_files(src: &Path, dst: &Path) -> Result<()> {
         ChatTokenizer::from_gguf(file)?.save(dst)?;
         return Ok(());
     }
-    Ok(kd_model::copy_tokenizer_files(src, dst)?)
+    Ok(kd_model::weights::copy_tokenizer_files(src, dst)?)
 }

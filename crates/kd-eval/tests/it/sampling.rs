@@ -8,7 +8,7 @@ use burn::tensor::{Device, Tensor};
 use kd_eval::{Drafter, Eagle3Drafter, SpecConfig, speculative_generate};
 use kd_model::{
     DraftVocab, Eagle3Config, Eagle3Draft, GenerateOptions, Llama, LlamaConfig, Sampling,
-    SeededPrompt, TokenBatch, to_host,
+    SeededPrompt, TokenBatch, generate::to_host,
 };
 
 const V: usize = 5;

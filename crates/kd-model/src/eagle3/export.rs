@@ -146,8 +146,8 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
             .map(|(n, dt, shape, data)| (n.as_str(), *dt, shape.as_slice(), *data)),
         &dst.join(WEIGHTS_FILE),
     )?;
-    crate::write_atomic(&dst.join(WEIGHTS_FILE), &weights)?;
-    crate::write_atomic(&dst.join("config.json"), text.as_bytes())
+    crate::weights::write_atomic(&dst.join(WEIGHTS_FILE), &weights)?;
+    crate::weights::write_atomic(&dst.join("config.json"), text.as_bytes())
 }
 
 /// The `config.json` of vLLM's `speculators` format: the decoder layer's Llama configuration

@@ -224,7 +224,7 @@ pub fn export_eagle3_gguf(src: &Path, target: &Path, dst: &Path, ty: GgufWeightT
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
     }
-    crate::write_atomic(dst, &w.to_bytes()?)
+    crate::weights::write_atomic(dst, &w.to_bytes()?)
 }
 
 /// The target file fits the draft: width, vocabulary and the feature layers' range. Returns

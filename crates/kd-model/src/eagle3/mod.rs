@@ -324,10 +324,10 @@ impl Eagle3Draft {
                 .map(|(n, dt, shape, bytes)| (n.as_str(), *dt, shape.as_slice(), bytes.as_slice())),
             &path,
         )?;
-        crate::write_atomic(&path, &bytes)?;
+        crate::weights::write_atomic(&path, &bytes)?;
         let config =
             serde_json::to_string_pretty(&self.config.to_json()).expect("a JSON value serialises");
-        crate::write_atomic(&dir.join("config.json"), config.as_bytes())
+        crate::weights::write_atomic(&dir.join("config.json"), config.as_bytes())
     }
 
     /// Decoding: runs new positions after what `cache` holds (plain causal attention over the

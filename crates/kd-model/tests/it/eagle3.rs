@@ -101,7 +101,7 @@ fn ttt_steps_match_specforge() {
     assert!(worst <= bound, "fc_out: {worst} > {bound}");
 
     // The steps one by one, so that each step's hidden output is checked too.
-    let mut cache = kd_model::TttCache::new();
+    let mut cache = kd_model::eagle3::TttCache::new();
     let mut hidden = draft.fuse(features.clone());
     let mut step_ids = ids.clone();
     let mut logits = Vec::new();
@@ -260,7 +260,7 @@ fn decoding_reads_the_q8_0_weights_and_step_0_matches_specforge() {
         let mut hidden = Vec::new();
         let mut logits = Vec::new();
         for b in 0..batch {
-            let mut cache = kd_model::DraftKvCache::new();
+            let mut cache = kd_model::eagle3::DraftKvCache::new();
             let h = d.forward_cached(
                 ids.clone().slice([b..b + 1, 0..seq]),
                 d.fuse_decoding(features.clone().slice([b..b + 1, 0..seq])),
@@ -392,7 +392,7 @@ fn draft_over_tiny_gguf(dir: &std::path::Path, aux: [usize; 3]) -> Eagle3Draft {
 #[test]
 fn a_draft_exports_as_llama_cpp_s_eagle3_gguf() {
     use kd_gguf::{GgmlType, GgufFile, Value};
-    use kd_model::{GgufWeightType, export_eagle3_gguf, unpermute_rows};
+    use kd_model::{eagle3::GgufWeightType, eagle3::export_eagle3_gguf, gguf::unpermute_rows};
 
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("draft");
@@ -499,7 +499,7 @@ fn a_draft_exports_as_llama_cpp_s_eagle3_gguf() {
 
 #[test]
 fn a_gguf_export_names_what_does_not_fit_the_target() {
-    use kd_model::{GgufWeightType, export_eagle3_gguf};
+    use kd_model::{eagle3::GgufWeightType, eagle3::export_eagle3_gguf};
 
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("draft");

@@ -278,7 +278,7 @@ fn training_with_dropout_takes_the_fused_projection() {
     assert_ne!(a, run(2).0, "another seed, other masks");
 }
 
-fn model_projections(model: &mut Llama) -> Vec<&mut kd_model::LoraLinear> {
+fn model_projections(model: &mut Llama) -> Vec<&mut kd_model::layers::LoraLinear> {
     let mut out = Vec::new();
     for l in &mut model.layers {
         let (a, m) = (&mut l.self_attn, &mut l.mlp);

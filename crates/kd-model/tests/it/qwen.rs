@@ -9,7 +9,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{Distribution, Tensor};
 use kd_model::{
     GenerateOptions, Llama, LoraConfig, ModelFamily, SaveDType, SeededPrompt, TokenBatch,
-    resolve_model_path_in,
+    hub::resolve_model_path_in,
 };
 
 use crate::util::*;

@@ -4,7 +4,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use kd_data::Example;
-use kd_model::{DraftKvCache, Eagle3Config, Eagle3Draft, Llama, parse_device};
+use kd_model::{Eagle3Config, Eagle3Draft, Llama, eagle3::DraftKvCache, parse_device};
 use kd_speculator::eagle3::{
     Eagle3Loss, Eagle3Model, default_feature_layers, draft_vocab_from_examples,
 };
@@ -200,7 +200,7 @@ fn cached_decoding_matches_the_ttt_step() {
     let whole = draft.step(
         ids.clone(),
         draft.fuse(features.clone()),
-        &mut kd_model::TttCache::new(),
+        &mut kd_model::eagle3::TttCache::new(),
     );
     let mut cache = DraftKvCache::new();
     let first = draft.forward_cached(

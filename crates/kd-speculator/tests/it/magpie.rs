@@ -4,7 +4,8 @@
 use kd_data::{ChatTokenizer, Message, OpenAiBatchSource};
 use kd_model::{Llama, parse_device};
 use kd_speculator::{
-    MagpieOptions, PipelineError, magpie_prefix, magpie_prompts, write_batch_input,
+    PipelineError, magpie::MagpieOptions, magpie::magpie_prefix, magpie::magpie_prompts,
+    magpie::write_batch_input,
 };
 
 use crate::demo;

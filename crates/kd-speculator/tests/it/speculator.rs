@@ -493,7 +493,7 @@ fn bad_inputs_are_clear_errors() {
     );
 
     // GPU ids on a machine whose build reaches no GPU (no CUDA, no hardware wgpu adapter).
-    if !kd_model::gpus_available() {
+    if !kd_model::device::gpus_available() {
         let e = err(&SpeculatorConfig {
             target_gpus: "0,1,2,3".into(),
             ..small(&out)
@@ -693,7 +693,7 @@ fn a_teacher_that_dies_mid_generation_loses_nothing() {
 #[test]
 fn a_pipeline_checkpoint_loads_in_peft_as_it_loads_here() {
     use kd_data::{ChatTokenizer, Message};
-    use kd_model::{GenerateOptions, Llama, SeededPrompt, TokenBatch, to_host};
+    use kd_model::{GenerateOptions, Llama, SeededPrompt, TokenBatch, generate::to_host};
 
     let checkpoint = fixtures().join("golden/speculator-checkpoint");
     let text =

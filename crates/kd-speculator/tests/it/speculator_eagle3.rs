@@ -80,7 +80,7 @@ fn an_eagle3_head_learns_the_target_and_keeps_its_output() {
     // Checkpoints are SpecForge draft directories naming the target layers read.
     for e in 0..3 {
         let c = out.join(format!("checkpoint-epoch-{e}"));
-        assert!(kd_model::is_eagle3_dir(&c), "{}", c.display());
+        assert!(kd_model::eagle3::is_eagle3_dir(&c), "{}", c.display());
         let config = kd_model::Eagle3Config::from_file(c.join("config.json")).unwrap();
         assert_eq!(config.aux_layers, Some([1, 2, 2]));
         assert_eq!(config.draft_vocab_size, 256);
@@ -118,7 +118,7 @@ fn an_eagle3_head_learns_the_target_and_keeps_its_output() {
     // The finished run resumed with `--eval_draft_q8_0`: the acceptance is measured again
     // (not reused from the f32 measurement), with the head decoding from Q8_0 blocks, and is
     // recorded as such; greedy output is still the target's.
-    let f32_file = kd_speculator::read_acceptance(&out.join("acceptance.json")).unwrap();
+    let f32_file = kd_speculator::files::read_acceptance(&out.join("acceptance.json")).unwrap();
     assert!(!f32_file.draft_q8_0);
     let q8 = SpeculatorConfig {
         eval_draft_q8_0: true,
@@ -130,7 +130,7 @@ fn an_eagle3_head_learns_the_target_and_keeps_its_output() {
     let (before8, after8) = (a8.before.as_ref().unwrap(), a8.after.as_ref().unwrap());
     assert_eq!(before8.greedy_identical_rows, Some(24));
     assert_eq!(after8.greedy_identical_rows, Some(24));
-    let file = kd_speculator::read_acceptance(&out.join("acceptance.json")).unwrap();
+    let file = kd_speculator::files::read_acceptance(&out.join("acceptance.json")).unwrap();
     assert!(file.draft_q8_0);
     // A reused report would be the f32 one to the bit, its timings included.
     assert_ne!(

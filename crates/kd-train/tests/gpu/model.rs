@@ -4,7 +4,8 @@ use std::collections::HashMap;
 
 use burn::tensor::{DType, Device};
 use kd_model::{
-    ComputeDType, ForwardOptions, GenerateOptions, Llama, LoraLinear, SeededPrompt, TokenBatch,
+    ComputeDType, ForwardOptions, GenerateOptions, Llama, SeededPrompt, TokenBatch,
+    layers::LoraLinear,
 };
 use safetensors::{Dtype, SafeTensors};
 
@@ -276,7 +277,7 @@ pub fn lora_gradients_with_dropout_match_cpu(gpu: &Device) {
 /// compute what the CPU does; names beyond the adapters there are, or of an API the machine
 /// lacks, are errors that say what exists.
 pub fn device_names_reach_the_adapters(_gpu: &Device) {
-    let all = kd_model::adapters();
+    let all = kd_model::device::adapters();
     assert!(!all.is_empty());
     let x = pseudo(6 * 5, 1, 1.0);
     let y = pseudo(5 * 4, 2, 1.0);
@@ -296,7 +297,7 @@ pub fn device_names_reach_the_adapters(_gpu: &Device) {
         let name = format!("wgpu:{}", a.index);
         let d = kd_model::parse_device(&name).unwrap();
         assert!(d == a.device, "{name}");
-        println!("  {name}: {}", kd_model::describe(&d));
+        println!("  {name}: {}", kd_model::device::describe(&d));
         assert_close(
             &format!("{name}: a product vs CPU"),
             &product(&d),
@@ -307,7 +308,7 @@ pub fn device_names_reach_the_adapters(_gpu: &Device) {
     // Vulkan where the machine has it (wgpu falls back to OpenGL where it does not).
     match kd_model::parse_device("vulkan:0") {
         Ok(d) => {
-            println!("  vulkan:0: {}", kd_model::describe(&d));
+            println!("  vulkan:0: {}", kd_model::device::describe(&d));
             assert_close("vulkan:0: a product vs CPU", &product(&d), &reference, 1e-5);
         }
         Err(e) => {

@@ -9,13 +9,13 @@ use kd_model::Llama;
 pub fn gpu_device() -> Result<(Device, String), String> {
     if let Ok(name) = std::env::var("KD_GPU_DEVICE") {
         let device = kd_model::parse_device(&name).map_err(|e| e.to_string())?;
-        let about = format!("{name}: {}", kd_model::describe(&device));
+        let about = format!("{name}: {}", kd_model::device::describe(&device));
         return Ok((device, about));
     }
-    if !kd_model::wgpu_compiled() {
+    if !kd_model::device::wgpu_compiled() {
         return Err("this build has no wgpu backend (the `wgpu` feature of kd-model)".into());
     }
-    let adapters = kd_model::adapters();
+    let adapters = kd_model::device::adapters();
     let chosen = adapters
         .iter()
         .find(|a| a.hardware)
