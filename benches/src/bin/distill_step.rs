@@ -16,7 +16,7 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use clap::Parser;
 use kd_benches::{proc_status_bytes, random_batch};
-use kd_distill::DistillLoss;
+use kd_distill::phases::DistillLoss;
 use kd_loss::{KdConfig, KdObjective};
 use kd_model::{Llama, LlamaConfig, LoraConfig, parse_device};
 use kd_teacher::{LocalTeacher, ScoreOptions, Teacher};

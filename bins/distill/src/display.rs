@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kd_distill::{DistillObserver, DistillPhase, DistillSummary, StopSignals, Validation};
+use kd_distill::{DistillObserver, DistillPhase, DistillSummary, Validation, process::StopSignals};
 use kd_train::{LogRecord, TrainObserver};
 
 /// Draws the run on stderr.

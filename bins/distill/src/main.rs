@@ -79,12 +79,12 @@ fn main() -> ExitCode {
         eprintln!(
             "the same command continues: with resume_from_checkpoint=true once \
                          training had started (exit status {})",
-            kd_distill::EXIT_STOPPED
+            kd_distill::process::EXIT_STOPPED
         );
     }
     // Across ranks, a success shuts MPI down with the others; a failure ends the whole job
     // (the other ranks may be waiting for this one).
-    ExitCode::from(kd_distill::exit_status(pipeline.map(|_| ())))
+    ExitCode::from(kd_distill::process::exit_status(pipeline.map(|_| ())))
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -101,7 +101,7 @@ fn run(cli: Cli) -> Result<()> {
     if cli.dry_run {
         println!("{}", kd_distill::to_yaml(&loaded.config));
         let out = &loaded.config.output_dir;
-        if let Some(holder) = kd_distill::RunLock::holder(out)? {
+        if let Some(holder) = kd_distill::process::RunLock::holder(out)? {
             eprintln!(
                 "warning: output_dir {} is in use by another run ({holder}): this run would be \
                  refused until it ends",
@@ -111,10 +111,10 @@ fn run(cli: Cli) -> Result<()> {
         return Ok(());
     }
     kd_train::retain_freed_memory();
-    let stop = kd_distill::StopSignals::install()?;
+    let stop = kd_distill::process::StopSignals::install()?;
     if !kd_dist::world().is_root() {
         // Rank 0 reports the run.
-        kd_distill::run(&loaded.config, &mut kd_distill::QuietRank { stop })?;
+        kd_distill::run(&loaded.config, &mut kd_distill::process::QuietRank { stop })?;
         return Ok(());
     }
     let mut display = Display::new(stop);

@@ -22,7 +22,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod config;
+pub mod config;
 mod error;
 mod load;
 mod loss;
@@ -32,16 +32,23 @@ mod scores;
 mod setup;
 mod watch;
 
-pub use config::{
-    DataArgs, DeviceMapping, DistillConfig, FileNames, LoraTarget, LrScheduler, ModelArgs,
-    ModelDType, ResumeFrom, TrackWith, TrainingArgs, TransferBackend, WorkerConfig,
-    parse_device_mapping,
-};
+pub use config::DistillConfig;
 pub use error::{PipelineError, Result, error_report};
-pub use kd_pipeline::{EXIT_STOPPED, QuietRank, RunLock, StopSignals, exit_status};
 pub use load::{LoadedConfig, config_file, load, to_yaml};
-pub use loss::{DistillLoss, EvalSums, evaluate_batches};
-pub use run::{
-    DistillObserver, DistillPhase, DistillSummary, QuietDistill, Validation, run, run_tokenizer,
-};
-pub use setup::{TEMPLATE_NAMES, chat_tokenizer, lora_config, read_examples, train_config};
+pub use run::{DistillObserver, DistillPhase, DistillSummary, QuietDistill, Validation, run};
+
+/// The pieces [`run`] is made of, for callers that run some of them on their own (benches,
+/// tools): the loss, the tokenizer and chat templates, the examples, the trainer's settings.
+pub mod phases {
+    pub use crate::loss::{DistillLoss, EvalSums, evaluate_batches};
+    pub use crate::run::run_tokenizer;
+    pub use crate::setup::{
+        TEMPLATE_NAMES, chat_tokenizer, lora_config, read_examples, train_config,
+    };
+}
+
+/// Stop signals, the output directory's lock and exit statuses of a run's process, for
+/// binaries (kd-pipeline's).
+pub mod process {
+    pub use kd_pipeline::{EXIT_STOPPED, QuietRank, RunLock, StopSignals, exit_status};
+}

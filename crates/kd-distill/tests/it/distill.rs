@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use kd_distill::{
-    DistillConfig, LoadedConfig, QuietDistill, ResumeFrom, TransferBackend, load, run,
+    DistillConfig, LoadedConfig, QuietDistill, config::ResumeFrom, config::TransferBackend, load,
+    run,
 };
 use kd_loss::KdObjective;
 
@@ -464,7 +465,7 @@ fn rolls_yaml_runs_on_a_qwen2_pair() {
     // `template: qwen2_5` is the model's own ChatML (fixtures/demo-qwen/golden.json).
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(q.join("golden.json")).unwrap()).unwrap();
-    let tok = kd_distill::chat_tokenizer(&q.join("student"), Some("qwen2_5")).unwrap();
+    let tok = kd_distill::phases::chat_tokenizer(&q.join("student"), Some("qwen2_5")).unwrap();
     let cases = golden["examples"].as_array().unwrap();
     assert!(!cases.is_empty());
     for case in cases {

@@ -36,8 +36,8 @@ fn qwen2_5_template_is_the_models_own_chatml() {
     )
     .unwrap();
     let dir = fixtures().join("qwen2-tokenizer");
-    let roll = kd_distill::chat_tokenizer(&dir, Some("qwen2_5")).unwrap();
-    let native = kd_distill::chat_tokenizer(&dir, Some("native")).unwrap();
+    let roll = kd_distill::phases::chat_tokenizer(&dir, Some("qwen2_5")).unwrap();
+    let native = kd_distill::phases::chat_tokenizer(&dir, Some("native")).unwrap();
     let mut compared = 0;
     for case in golden["cases"].as_array().unwrap() {
         // Text messages only: no tool calls, no other fields.
@@ -93,8 +93,8 @@ fn chat_template_kwargs_reach_the_template() {
         loaded.config.chat_template_kwargs.get("enable_thinking"),
         Some(&Value::Bool(false))
     );
-    let off = kd_distill::run_tokenizer(&loaded.config, &dir).unwrap();
-    let default = kd_distill::chat_tokenizer(&dir, Some("native")).unwrap();
+    let off = kd_distill::phases::run_tokenizer(&loaded.config, &dir).unwrap();
+    let default = kd_distill::phases::chat_tokenizer(&dir, Some("native")).unwrap();
     let mut compared = 0;
     for case in golden["cases"].as_array().unwrap() {
         if case["template"] != "Qwen-Qwen3-0.6B"
