@@ -46,6 +46,7 @@ mod model;
 pub mod ops;
 mod packed;
 mod q8;
+mod q8k;
 mod rope;
 pub mod sampling;
 mod skinny;
@@ -197,9 +198,9 @@ impl Llama {
     }
 
     /// Decoding from packed GGUF blocks with 8-bit activations, as llama.cpp's CPU backend
-    /// computes: each product's input rows are quantised to 8-bit blocks of 32 (Q8_1) and
-    /// meet the weights' blocks in integer dot products (AVX2, or AVX-512 VNNI where the CPU
-    /// has it). Faster than dequantising each block to f32, and no longer the f32 copy's
+    /// computes: each product's input rows are quantised to 8-bit blocks of 32 (Q8_1; for
+    /// K-quant weights super-blocks of 256, Q8_K) and meet the weights' blocks in integer dot
+    /// products (AVX2, or AVX-512 VNNI where the CPU has it). Faster than dequantising each block to f32, and no longer the f32 copy's
     /// arithmetic. A row's products do not depend on the rest of the batch, but 8-bit
     /// rounding can turn the last-bit differences of a multi-token pass (attention) into
     /// another greedy token, so speculative decoding reproduces plain decoding on most rows,

@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use crate::model::{HostLayer, LayerPacks};
 use crate::q8::{self, Q8Rows};
+use crate::q8k::{Q8KRows, is_kquant};
 
 pub(crate) mod group;
 mod kernels;
@@ -272,16 +273,18 @@ pub(crate) fn project_all(ms: &[&PackedMatrix], x: &[f32], n: usize) -> Vec<Vec<
         ms.iter().all(|m| m.cols == cols) && x.len() == n * cols,
         "project_all: matrices of {cols} columns and x [{n}, {cols}]"
     );
-    let q8 = ms
-        .iter()
-        .any(|m| m.int8)
-        .then(|| Q8Rows::quantize(x, n, cols));
+    // 8-bit activations as each weight type pairs with them: super-blocks of 256 for the
+    // K-quants, blocks of 32 for the rest (ggml's Q8_K and Q8_0/Q8_1).
+    let int8 = |k: bool| ms.iter().any(|m| m.int8 && is_kquant(m.ty) == k);
+    let q8 = int8(false).then(|| Q8Rows::quantize(x, n, cols));
+    let q8k = int8(true).then(|| Q8KRows::quantize(x, n, cols));
     let (kernel, q8_kernel) = (Kernel::detect(), q8::Kernel::detect());
     let rows: Vec<usize> = ms.iter().map(|m| m.rows).collect();
     par_rows_of(&rows, n, |mi, range, acc| {
         let m = ms[mi];
-        match (&q8, m.int8) {
-            (Some(q8), true) => m.q8_rows(q8_kernel, q8, range, acc),
+        match (&q8, &q8k) {
+            (_, Some(xk)) if m.int8 && is_kquant(m.ty) => m.q8k_rows(q8_kernel, xk, range, acc),
+            (Some(xq), _) if m.int8 && !is_kquant(m.ty) => m.q8_rows(q8_kernel, xq, range, acc),
             _ => m.f32_rows(kernel, x, n, range, acc),
         }
     })
@@ -446,6 +449,16 @@ impl PackedMatrix {
         out.pop().expect("one matrix")
     }
 
+    /// The same product from 8-bit super-block activations (K-quant types, see [`crate::q8k`]).
+    #[cfg(test)]
+    fn matmul_t_q8k_with(&self, x: &Q8KRows, kernel: q8::Kernel) -> Vec<f32> {
+        assert_eq!(x.cols, self.cols, "x must be [n, cols]");
+        let mut out = par_rows_of(&[self.rows], x.n, |_, range, acc| {
+            self.q8k_rows(kernel, x, range, acc)
+        });
+        out.pop().expect("one matrix")
+    }
+
     /// Outputs `range` of every row of `x [n, cols]` into `acc [n, range.len()]`, f32
     /// activations.
     fn f32_rows(
@@ -497,6 +510,20 @@ impl PackedMatrix {
         let nb = range.len();
         for (j, row) in range.enumerate() {
             kernel.dot_row(self.ty, self.block_row(row), x, acc, nb, j);
+        }
+    }
+
+    /// Outputs `range` of every row of `x` (8-bit super-blocks) into `acc [n, range.len()]`.
+    fn q8k_rows(
+        &self,
+        kernel: q8::Kernel,
+        x: &Q8KRows,
+        range: std::ops::Range<usize>,
+        acc: &mut [f32],
+    ) {
+        let nb = range.len();
+        for (j, row) in range.enumerate() {
+            kernel.dot_row_k(self.ty, self.block_row(row), x, acc, nb, j);
         }
     }
 

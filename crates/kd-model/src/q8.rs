@@ -66,7 +66,7 @@ impl Q8Rows {
 }
 
 /// The lanes summed as ggml's `hsum_float_8` does.
-fn hsum(l: &[f32; 8]) -> f32 {
+pub(crate) fn hsum(l: &[f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
@@ -104,7 +104,50 @@ pub(crate) fn dot_row(ty: GgmlType, row: &[u8], x: &Q8Rows, acc: &mut [f32], nb:
 
 /// Rows of `x` per register group of the SIMD kernels (one accumulator each).
 #[cfg(target_arch = "x86_64")]
-const GROUP: usize = 8;
+pub(crate) const GROUP: usize = 8;
+
+/// `$group::<G, T>$args` with `G` = `$g` (1 to [`GROUP`]) known at compile time: the SIMD
+/// kernels' register groups of input rows.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows_in_registers {
+    ($group:ident, $g:expr, $t:ident, $args:tt) => {
+        match $g {
+            1 => $group::<1, $t> $args,
+            2 => $group::<2, $t> $args,
+            3 => $group::<3, $t> $args,
+            4 => $group::<4, $t> $args,
+            5 => $group::<5, $t> $args,
+            6 => $group::<6, $t> $args,
+            7 => $group::<7, $t> $args,
+            _ => $group::<8, $t> $args,
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use rows_in_registers;
+
+/// Output `j` of a batch of `n` rows, [`GROUP`] rows at a time: `group(g, r0, out)` computes
+/// rows `r0..r0 + g` into `out[..g]`, which go to `acc[(r0 + q) * nb + j]`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn by_row_groups(
+    n: usize,
+    acc: &mut [f32],
+    nb: usize,
+    j: usize,
+    mut group: impl FnMut(usize, usize, &mut [f32; GROUP]),
+) {
+    let mut out = [0f32; GROUP];
+    let mut r0 = 0;
+    while r0 < n {
+        let g = (n - r0).min(GROUP);
+        group(g, r0, &mut out);
+        for (q, v) in out.iter().enumerate().take(g) {
+            acc[(r0 + q) * nb + j] = *v;
+        }
+        r0 += g;
+    }
+}
 
 /// The SIMD kernels, one body compiled for AVX2 (`maddubs` + `madd`) and for AVX-512 VNNI
 /// (`dpbusd` on 256-bit registers): the same integers, the same float operations. `$group`
@@ -187,30 +230,9 @@ macro_rules! simd_dot_row {
             nb: usize,
             j: usize,
         ) {
-            macro_rules! groups {
-                ($g:expr, $t:ident, $r0:expr, $out:expr) => {
-                    match $g {
-                        1 => $group::<1, $t>(row, x, $r0, $out),
-                        2 => $group::<2, $t>(row, x, $r0, $out),
-                        3 => $group::<3, $t>(row, x, $r0, $out),
-                        4 => $group::<4, $t>(row, x, $r0, $out),
-                        5 => $group::<5, $t>(row, x, $r0, $out),
-                        6 => $group::<6, $t>(row, x, $r0, $out),
-                        7 => $group::<7, $t>(row, x, $r0, $out),
-                        _ => $group::<8, $t>(row, x, $r0, $out),
-                    }
-                };
-            }
-            let mut out = [0f32; GROUP];
-            let mut r0 = 0;
-            while r0 < x.n {
-                let g = (x.n - r0).min(GROUP);
-                group::with_type!(ty, T => groups!(g, T, r0, &mut out));
-                for (q, v) in out.iter().enumerate().take(g) {
-                    acc[(r0 + q) * nb + j] = *v;
-                }
-                r0 += g;
-            }
+            by_row_groups(x.n, acc, nb, j, |g, r0, out| {
+                group::with_type!(ty, T => rows_in_registers!($group, g, T, (row, x, r0, out)))
+            });
         }
     };
 }

@@ -203,6 +203,55 @@ fn int8_products_equal_the_integer_reference() {
     }
 }
 
+/// K-quant blocks with 8-bit super-block activations (ggml's Q8_K): the product against the
+/// sum it stands for (`Σ w·q·d_x` in f64 from the dequantised weights and the quantised
+/// inputs), every kernel this CPU has against the scalar one bit for bit, a row alone as in
+/// the batch, and the whole against the f32 product within the quantisation's error.
+#[test]
+fn kquant_int8_products_equal_the_integer_reference() {
+    let mut next = lcg(7);
+    for ty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        // 6 input rows: a group of 4 and a remainder in the SIMD kernels.
+        let (rows, cols, n) = (37, 512, 6);
+        let (bytes, x) = random_case(ty, (rows, cols, n), &mut next);
+        let p = PackedMatrix::new(ty, rows, cols, &bytes).unwrap();
+        let xk = Q8KRows::quantize(&x, n, cols);
+        let got = p.matmul_t_q8k_with(&xk, q8::Kernel::Scalar);
+        let mut w = vec![0f32; rows * cols];
+        kd_gguf::dequantize(ty, &bytes, &mut w).unwrap();
+        let f32_product = p.matmul_t(&x, n);
+        for r in 0..n {
+            for j in 0..rows {
+                let (mut want, mut size, mut bound) = (0f64, 0f64, 1e-3);
+                for i in 0..cols {
+                    let (wv, dx) = (
+                        w[j * cols + i] as f64,
+                        xk.d[r * cols / 256 + i / 256] as f64,
+                    );
+                    let term = wv * xk.q[r * cols + i] as f64 * dx;
+                    want += term;
+                    size += term.abs();
+                    // Each input off by at most half a step (the scale itself is exact).
+                    bound += wv.abs() * dx.abs() * (0.5 + 1e-3);
+                }
+                let g = got[r * rows + j] as f64;
+                assert!(
+                    (g - want).abs() <= 1e-6 * (1.0 + size),
+                    "{ty:?} {r} {j}: {g} vs {want}"
+                );
+                let f = f32_product[r * rows + j] as f64;
+                assert!((g - f).abs() <= bound, "{ty:?} {r} {j}: {g} vs f32 {f}");
+            }
+        }
+        for kernel in q8::Kernel::available() {
+            assert_eq!(p.matmul_t_q8k_with(&xk, kernel), got, "{ty:?}: {kernel:?}");
+        }
+        let one = Q8KRows::quantize(&x[..cols], 1, cols);
+        let alone = p.matmul_t_q8k_with(&one, q8::Kernel::detect());
+        assert_eq!(alone, got[..rows].to_vec(), "{ty:?}: row alone");
+    }
+}
+
 /// Each group's `q · scale + offset` is the block's dequantised values bit for bit, and
 /// the SSE2 reading gives the portable one's bytes.
 #[test]
