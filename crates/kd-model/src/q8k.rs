@@ -18,7 +18,7 @@ use kd_gguf::GgmlType;
 use crate::packed::group::{self, Layout};
 #[cfg(target_arch = "x86_64")]
 use crate::q8::{GROUP, by_row_groups, rows_in_registers};
-use crate::q8::{Kernel, hsum};
+use crate::q8::{Kernel, hsum, round_small};
 
 /// Whether `ty` is a K-quant type, whose products take [`Q8KRows`].
 pub(crate) fn is_kquant(ty: GgmlType) -> bool {
@@ -63,7 +63,7 @@ impl Q8KRows {
             let iscale = -127.0 / max;
             for (v, o) in xs.iter().zip(qs.iter_mut()) {
                 // |iscale · v| <= 127 up to rounding; `as` saturates below, ggml clamps above.
-                *o = (iscale * v).round_ties_even().min(127.0) as i8;
+                *o = round_small(iscale * v).min(127.0) as i8;
             }
             d.push(1.0 / iscale);
         }
