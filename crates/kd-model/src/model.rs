@@ -326,6 +326,11 @@ impl Llama {
         if b == 0 || s == 0 {
             return Err(ModelError::Input(format!("empty batch [{b}, {s}]")));
         }
+        if let Some(cache) = cache.as_deref_mut()
+            && let Some(chunks) = prefill_chunks(self, batch, options)
+        {
+            return self.run_chunked(batch, cache, options, &chunks);
+        }
         let vocab = self.config.vocab_size;
         if let Some(bad) = batch.ids().iter().find(|id| **id as usize >= vocab) {
             return Err(ModelError::Input(format!(
@@ -429,6 +434,38 @@ impl Llama {
         })
     }
 
+    /// A long pass through the KV cache in consecutive chunks of positions (see
+    /// [`prefill_chunks`]): each chunk's keys and values join the cache before the next
+    /// chunk attends to them, as one pass would; the last chunk's output is the pass's.
+    fn run_chunked(
+        &self,
+        batch: &TokenBatch,
+        cache: &mut KvCache,
+        options: &ForwardOptions,
+        chunks: &[std::ops::Range<usize>],
+    ) -> Result<ModelOutput> {
+        let (b, s) = (batch.batch_size(), batch.seq_len());
+        let mut out = None;
+        for (k, cols) in chunks.iter().enumerate() {
+            let take = |v: &[bool]| -> Vec<bool> {
+                (0..b)
+                    .flat_map(|r| v[r * s + cols.start..r * s + cols.end].to_vec())
+                    .collect()
+            };
+            let ids: Vec<u32> = (0..b)
+                .flat_map(|r| batch.ids()[r * s + cols.start..r * s + cols.end].to_vec())
+                .collect();
+            let part = TokenBatch::new(b, cols.len(), ids, take(batch.mask()))?;
+            let last = k + 1 == chunks.len();
+            let opts = ForwardOptions {
+                logits: last && options.logits,
+                ..options.clone()
+            };
+            out = Some(self.run(&part, Some(&mut *cache), &opts)?);
+        }
+        out.ok_or_else(|| ModelError::Input("no chunks".into()))
+    }
+
     /// The decoder layers over the embeddings `x` on the host (`model::host`), handing
     /// `record` each hidden state in `wanted` but the last (recorded after the final norm).
     fn forward_on_host(
@@ -507,4 +544,41 @@ fn attention_mask(batch: &TokenBatch, past_valid: &[Vec<bool>], past: usize) -> 
         }
     }
     data
+}
+
+/// Positions per chunk of a long pass through the KV cache (a prompt's prefill): the
+/// activations of one chunk at a time, not of the whole prompt, are what a pass holds.
+const PREFILL_CHUNK: usize = 128;
+
+/// The chunks of positions a pass runs in, when it is long and chunking changes nothing but
+/// memory: through a cache, on a model that decodes each layer on the host, with logits of
+/// at most the last chunk's positions and no hidden states asked for, and the batch's
+/// positions implied by its mask (no explicit positions, no packed segments).
+fn prefill_chunks(
+    model: &Llama,
+    batch: &TokenBatch,
+    options: &ForwardOptions,
+) -> Option<Vec<std::ops::Range<usize>>> {
+    let s = batch.seq_len();
+    let last = s - (s - 1) % PREFILL_CHUNK - 1;
+    let fits = match options.last_positions {
+        Some(n) => n <= s - last,
+        None => !options.logits,
+    };
+    let plain = batch.positions().is_none() && batch.segments().is_none();
+    let nothing_else =
+        matches!(options.hidden_states, HiddenStates::None) && options.dropout_seed.is_none();
+    (s > PREFILL_CHUNK
+        && fits
+        && plain
+        && nothing_else
+        && model
+            .layers_on_host(batch.batch_size() * PREFILL_CHUNK, options)
+            .is_some())
+    .then(|| {
+        (0..s)
+            .step_by(PREFILL_CHUNK)
+            .map(|c| c..(c + PREFILL_CHUNK).min(s))
+            .collect()
+    })
 }

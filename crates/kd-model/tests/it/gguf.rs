@@ -514,6 +514,40 @@ fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
         out[0].ids,
         eager.generate(&seeded, &options).unwrap()[0].ids
     );
+    // A prompt of several hundred tokens: the lean model prefills it through the cache in
+    // chunks of positions (one chunk's activations at a time). Its last position's logits
+    // against the eager model's single pass, and the greedy continuation.
+    let mut longer = Vec::new();
+    for _ in 0..3 {
+        for p in g["prompts"].as_array().unwrap() {
+            longer.extend(ids(&p["ids"]));
+        }
+    }
+    assert!(longer.len() > 300, "{} tokens", longer.len());
+    let mut cache = lean.new_cache();
+    let pass = lean
+        .forward_cached(
+            &TokenBatch::single(&longer),
+            &mut cache,
+            &kd_model::ForwardOptions::last_positions(1),
+        )
+        .unwrap();
+    let a = to_vec(pass.into_logits().unwrap());
+    let b = to_vec(eager.logits(&TokenBatch::single(&longer)).unwrap());
+    let d = max_abs_diff(&a, &b[b.len() - v..]);
+    assert!(
+        d <= bound,
+        "{}-token prefill: lean vs f32 max |Δ| {d} > {bound}",
+        longer.len()
+    );
+    let seeded = [kd_model::SeededPrompt {
+        ids: &longer,
+        seed: 0,
+    }];
+    assert_eq!(
+        lean.generate(&seeded, &options).unwrap()[0].ids,
+        eager.generate(&seeded, &options).unwrap()[0].ids
+    );
     if host {
         assert_eq!(lean.f32_copies_made(), Some((0, 211)), "no f32 copy made");
     }
