@@ -112,12 +112,6 @@ fn llama_server_generates_what_we_generate_locally() {
         return_logprobs: true,
         ..SamplingParams::default()
     };
-    let local = LocalTeacher::new(
-        Llama::load(&model, &burn::tensor::Device::flex()).unwrap(),
-        4,
-        "local",
-    );
-    let ours = local.generate(&prompts, &params).unwrap();
     let remote = |api| {
         RemoteTeacher::new(RemoteConfig {
             url: url.clone(),
@@ -136,7 +130,7 @@ fn llama_server_generates_what_we_generate_locally() {
     let openai = remote(RemoteApi::Openai)
         .generate(&prompts, &params)
         .unwrap();
-    for (i, ((o, n), a)) in ours.iter().zip(&native).zip(&openai).enumerate() {
+    for (i, (n, a)) in native.iter().zip(&openai).enumerate() {
         assert!(
             !n.ids.is_empty(),
             "prompt {i}: empty completion from llama-server"
@@ -146,14 +140,49 @@ fn llama_server_generates_what_we_generate_locally() {
             n.ids, a.ids,
             "prompt {i}: /completion and /v1/completions disagree"
         );
-        let agree = o.ids.iter().zip(&n.ids).take_while(|(x, y)| x == y).count();
+    }
+    // Ours three ways on the same file: the f32 weights, the packed blocks with f32
+    // activations, and the packed blocks with 8-bit activations (llama.cpp's arithmetic).
+    let dev = burn::tensor::Device::flex();
+    let variants = [
+        ("f32 weights", Llama::load(&model, &dev).unwrap()),
+        (
+            "packed, f32 activations",
+            Llama::load_for_inference(&model, &dev).unwrap(),
+        ),
+        (
+            "packed, 8-bit activations",
+            Llama::load_for_inference(&model, &dev)
+                .unwrap()
+                .with_int8_activations(true),
+        ),
+    ];
+    for (name, llama) in variants {
+        let ours = LocalTeacher::new(llama, 4, "local")
+            .generate(&prompts, &params)
+            .unwrap();
+        let (mut same, mut total, mut worst) = (0, 0, 0f32);
+        for (i, (o, n)) in ours.iter().zip(&native).enumerate() {
+            let agree = o.ids.iter().zip(&n.ids).take_while(|(x, y)| x == y).count();
+            (same, total) = (same + agree, total + n.ids.len());
+            // The log-probabilities of the tokens both chose.
+            if let (Some(lo), Some(ln)) = (&o.logprobs, &n.logprobs) {
+                for (a, b) in lo.iter().zip(ln).take(agree) {
+                    worst = worst.max((a - b).abs());
+                }
+            }
+            eprintln!(
+                "{name}: prompt {i} {:?}: llama-server {} tokens, ours {}, first {agree} agree\n  theirs {:?}\n  ours   {:?}",
+                questions[i],
+                n.ids.len(),
+                o.ids.len(),
+                tokenizer.decode(&n.ids, true).unwrap(),
+                tokenizer.decode(&o.ids, true).unwrap(),
+            );
+        }
         eprintln!(
-            "prompt {i} {:?}: llama-server {} tokens, ours {}, first {agree} agree\n  theirs {:?}\n  ours   {:?}",
-            questions[i],
-            n.ids.len(),
-            o.ids.len(),
-            tokenizer.decode(&n.ids, true).unwrap(),
-            tokenizer.decode(&o.ids, true).unwrap(),
+            "{name}: {same} of llama-server's {total} tokens agree before the first difference; \
+             max |Δ log-prob| over them {worst:.4}"
         );
     }
     // It cannot score, and says why.
