@@ -562,7 +562,7 @@ fn prefill_chunks(
     let s = batch.seq_len();
     let last = s - (s - 1) % PREFILL_CHUNK - 1;
     let fits = match options.last_positions {
-        Some(n) => n <= s - last,
+        Some(n) => n > 0 && n <= s - last,
         None => !options.logits,
     };
     let plain = batch.positions().is_none() && batch.segments().is_none();

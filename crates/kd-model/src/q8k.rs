@@ -9,9 +9,10 @@
 //! `dmin_w·d_x` times the minimums' sum, subtracted. [`q8`](crate::q8)'s 32-value activations
 //! cost one float multiply-add per group of 32 instead, each waiting on the one before.
 //!
-//! As in [`q8`](crate::q8), the integer part is exact at every SIMD level and the float part
-//! the same operations in the same order, so the scalar, AVX2 and AVX-512 VNNI kernels give
-//! the same bits, and a row's result does not depend on the other rows of the batch.
+//! As in [`q8`](crate::q8), the integer part is exact and the float part the same operations
+//! in the same order, so the scalar and AVX2 kernels (which AVX-512 CPUs run too: VNNI's
+//! `dpbusd` has no place for the group's scale) give the same bits, and a row's result does
+//! not depend on the other rows of the batch.
 
 use kd_gguf::GgmlType;
 
