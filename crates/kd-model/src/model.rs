@@ -446,16 +446,19 @@ impl Llama {
     ) -> Result<ModelOutput> {
         let (b, s) = (batch.batch_size(), batch.seq_len());
         let mut out = None;
+        // Positions `cols` of every row of a row-major `[b, s]` array.
+        fn columns<T: Copy>(v: &[T], b: usize, s: usize, cols: &std::ops::Range<usize>) -> Vec<T> {
+            (0..b)
+                .flat_map(|r| v[r * s + cols.start..r * s + cols.end].iter().copied())
+                .collect()
+        }
         for (k, cols) in chunks.iter().enumerate() {
-            let take = |v: &[bool]| -> Vec<bool> {
-                (0..b)
-                    .flat_map(|r| v[r * s + cols.start..r * s + cols.end].to_vec())
-                    .collect()
-            };
-            let ids: Vec<u32> = (0..b)
-                .flat_map(|r| batch.ids()[r * s + cols.start..r * s + cols.end].to_vec())
-                .collect();
-            let part = TokenBatch::new(b, cols.len(), ids, take(batch.mask()))?;
+            let part = TokenBatch::new(
+                b,
+                cols.len(),
+                columns(batch.ids(), b, s, cols),
+                columns(batch.mask(), b, s, cols),
+            )?;
             let last = k + 1 == chunks.len();
             let opts = ForwardOptions {
                 logits: last && options.logits,
@@ -566,8 +569,8 @@ fn prefill_chunks(
         None => !options.logits,
     };
     let plain = batch.positions().is_none() && batch.segments().is_none();
-    let nothing_else =
-        matches!(options.hidden_states, HiddenStates::None) && options.dropout_seed.is_none();
+    // (Dropout is ruled out by `layers_on_host`.)
+    let nothing_else = matches!(options.hidden_states, HiddenStates::None);
     (s > PREFILL_CHUNK
         && fits
         && plain

@@ -283,8 +283,16 @@ pub(crate) fn project_all(ms: &[&PackedMatrix], x: &[f32], n: usize) -> Vec<Vec<
     par_rows_of(&rows, n, |mi, range, acc| {
         let m = ms[mi];
         match (&q8, &q8k) {
-            (_, Some(xk)) if m.int8 && is_kquant(m.ty) => m.q8k_rows(q8_kernel, xk, range, acc),
-            (Some(xq), _) if m.int8 && !is_kquant(m.ty) => m.q8_rows(q8_kernel, xq, range, acc),
+            (_, Some(xk)) if m.int8 && is_kquant(m.ty) => {
+                m.int8_rows(range, acc, |row, acc, nb, j| {
+                    q8_kernel.dot_row_k(m.ty, row, xk, acc, nb, j)
+                })
+            }
+            (Some(xq), _) if m.int8 && !is_kquant(m.ty) => {
+                m.int8_rows(range, acc, |row, acc, nb, j| {
+                    q8_kernel.dot_row(m.ty, row, xq, acc, nb, j)
+                })
+            }
             _ => m.f32_rows(kernel, x, n, range, acc),
         }
     })
@@ -444,7 +452,9 @@ impl PackedMatrix {
     fn matmul_t_q8_with(&self, x: &Q8Rows, kernel: q8::Kernel) -> Vec<f32> {
         assert_eq!(x.cols, self.cols, "x must be [n, cols]");
         let mut out = par_rows_of(&[self.rows], x.n, |_, range, acc| {
-            self.q8_rows(kernel, x, range, acc)
+            self.int8_rows(range, acc, |row, acc, nb, j| {
+                kernel.dot_row(self.ty, row, x, acc, nb, j)
+            })
         });
         out.pop().expect("one matrix")
     }
@@ -454,7 +464,9 @@ impl PackedMatrix {
     fn matmul_t_q8k_with(&self, x: &Q8KRows, kernel: q8::Kernel) -> Vec<f32> {
         assert_eq!(x.cols, self.cols, "x must be [n, cols]");
         let mut out = par_rows_of(&[self.rows], x.n, |_, range, acc| {
-            self.q8k_rows(kernel, x, range, acc)
+            self.int8_rows(range, acc, |row, acc, nb, j| {
+                kernel.dot_row_k(self.ty, row, x, acc, nb, j)
+            })
         });
         out.pop().expect("one matrix")
     }
@@ -499,31 +511,17 @@ impl PackedMatrix {
         }
     }
 
-    /// Outputs `range` of every quantised row of `x` into `acc [n, range.len()]`.
-    fn q8_rows(
+    /// Outputs `range` of every 8-bit input row into `acc [n, range.len()]`: `dot(row, acc,
+    /// nb, j)` writes output `j` of matrix row `row`'s blocks (one of the [`q8`] kernels).
+    fn int8_rows(
         &self,
-        kernel: q8::Kernel,
-        x: &Q8Rows,
         range: std::ops::Range<usize>,
         acc: &mut [f32],
+        dot: impl Fn(&[u8], &mut [f32], usize, usize),
     ) {
         let nb = range.len();
         for (j, row) in range.enumerate() {
-            kernel.dot_row(self.ty, self.block_row(row), x, acc, nb, j);
-        }
-    }
-
-    /// Outputs `range` of every row of `x` (8-bit super-blocks) into `acc [n, range.len()]`.
-    fn q8k_rows(
-        &self,
-        kernel: q8::Kernel,
-        x: &Q8KRows,
-        range: std::ops::Range<usize>,
-        acc: &mut [f32],
-    ) {
-        let nb = range.len();
-        for (j, row) in range.enumerate() {
-            kernel.dot_row_k(self.ty, self.block_row(row), x, acc, nb, j);
+            dot(self.block_row(row), acc, nb, j);
         }
     }
 

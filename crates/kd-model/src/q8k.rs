@@ -130,10 +130,7 @@ fn scales_mins_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 /// reads; `halves` converts two f16s).
 #[inline(always)]
 fn k_scales(ty: GgmlType, block: &[u8], halves: impl Fn(u32) -> [f32; 2]) -> KScales {
-    let pair = |at: usize| {
-        let bytes: [u8; 4] = block[at..at + 4].try_into().expect("4 bytes");
-        halves(u32::from_le_bytes(bytes))
-    };
+    let pair = |at: usize| group::f16_pair(block, at, &halves);
     if ty == GgmlType::Q6K {
         let [_, d] = pair(206);
         KScales {

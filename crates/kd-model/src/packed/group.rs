@@ -134,10 +134,7 @@ pub(crate) fn block_scales(
     block: &[u8],
     halves: impl Fn(u32) -> [f32; 2],
 ) -> [Scales; 8] {
-    let pair = |at: usize| {
-        let bytes: [u8; 4] = block[at..at + 4].try_into().expect("4 bytes");
-        halves(u32::from_le_bytes(bytes))
-    };
+    let pair = |at: usize| f16_pair(block, at, &halves);
     let one = |d: f32, offset: f32| [Scales { d: [d; 2], offset }; 8];
     match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 => {
@@ -169,6 +166,14 @@ pub(crate) fn block_scales(
         // Q8_0, Q4_0, Q5_0.
         _ => one(pair(0)[0], 0.0),
     }
+}
+
+/// The two f16s at `block[at..at + 4]` as f32, read as one 32-bit load (see
+/// [`block_scales`]); `halves` converts them.
+#[inline(always)]
+pub(crate) fn f16_pair(block: &[u8], at: usize, halves: impl Fn(u32) -> [f32; 2]) -> [f32; 2] {
+    let bytes: [u8; 4] = block[at..at + 4].try_into().expect("4 bytes");
+    halves(u32::from_le_bytes(bytes))
 }
 
 /// Two f16s (a `u32`'s little-endian halves) as f32, portably.
