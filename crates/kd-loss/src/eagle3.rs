@@ -16,7 +16,7 @@
 //! - The run's loss is `Σ_k 0.8^k · loss_k` ([`TTT_DECAY`]).
 
 use burn::tensor::activation::{log_softmax, softmax};
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 /// SpecForge's step weighting (`ploss_decay`): step `k` weighs `0.8^k`.
 pub const TTT_DECAY: f64 = 0.8;
@@ -46,16 +46,7 @@ impl TttTargets {
         let [b, s, vocab] = target_logits.dims();
         let device = target_logits.device();
         let dv = draft_to_target.len();
-        let index = Tensor::<1, Int>::from_data(
-            TensorData::new(
-                draft_to_target
-                    .iter()
-                    .map(|&t| t as i64)
-                    .collect::<Vec<_>>(),
-                [dv],
-            ),
-            &device,
-        );
+        let index = id_tensor(draft_to_target, &device);
         let restricted = target_logits.clone().select(2, index);
         let target_p = softmax(restricted.clone(), 2);
         let log_z = log_sum_exp(target_logits.clone());
@@ -154,19 +145,87 @@ pub fn ttt_loss(step_logits: &[Tensor<3>], targets: &TttTargets) -> Tensor<1> {
     total.expect("at least one step")
 }
 
-/// SpecForge's acceptance-rate metric of a step: `Σ mask · Σ_v min(p_target, p_draft) /
-/// max(Σ mask, 1e-8)`, with the target's probabilities not renormalised.
-pub fn ttt_acceptance_rate(logits: Tensor<3>, targets: &TttTargets) -> f64 {
+/// One TTT step's metric sums over a batch. Sums rather than ratios, so that micro-batches and
+/// ranks add up before dividing.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TttStepCounts {
+    /// Positions under the step's loss mask where the draft's argmax, as a target id, is the
+    /// target's argmax: the numerator of SpecForge's `acc` (a position whose target token lies
+    /// outside the draft vocabulary is never correct).
+    pub correct: f64,
+    /// `Σ position_mask · Σ_v min(p_target, p_draft)`: the expected accepted drafts, the
+    /// numerator of SpecForge's acceptance rate (the target's probabilities not renormalised).
+    pub overlap: f64,
+    /// `Σ position_mask`: the acceptance rate's denominator.
+    pub positions: f64,
+    /// `Σ loss_mask`: `acc`'s denominator.
+    pub labels: f64,
+}
+
+impl TttStepCounts {
+    /// SpecForge's `acc`: `correct / max(labels, 1e-6)`.
+    pub fn accuracy(&self) -> f64 {
+        self.correct / self.labels.max(1e-6)
+    }
+
+    /// SpecForge's acceptance rate: `overlap / max(positions, 1e-8)`.
+    pub fn acceptance_rate(&self) -> f64 {
+        self.overlap / self.positions.max(1e-8)
+    }
+}
+
+/// The metric sums of one step (`logits` `[batch, seq, draft_vocab]`; detach them first when
+/// they carry gradients), as SpecForge's `_acc_and_loss` and `compute_acceptance_rate`
+/// compute them. `draft_to_target[i]` is the target id of draft id `i`.
+pub fn ttt_step_counts(
+    logits: Tensor<3>,
+    targets: &TttTargets,
+    draft_to_target: &[u32],
+) -> TttStepCounts {
     let [b, s, _] = logits.dims();
-    let overlap = targets
+    let device = logits.device();
+    let overlap = overlap(logits.clone(), targets);
+    let to_target = id_tensor(draft_to_target, &device);
+    let predicted = to_target
+        .select(0, logits.argmax(2).reshape([b * s]))
+        .reshape([b, s]);
+    let hits = predicted
+        .equal(targets.target_ids.clone())
+        .float()
+        .cast(DType::F32);
+    TttStepCounts {
+        correct: sum(hits * targets.loss_mask.clone()),
+        overlap: sum(overlap * targets.position_mask.clone()),
+        positions: sum(targets.position_mask.clone()),
+        labels: sum(targets.loss_mask.clone()),
+    }
+}
+
+/// `Σ_v min(p_target, p_draft)` per position, `[batch, seq]`.
+fn overlap(logits: Tensor<3>, targets: &TttTargets) -> Tensor<2> {
+    let [b, s, _] = logits.dims();
+    targets
         .target_p_on_draft
         .clone()
         .min_pair(softmax(logits, 2))
         .sum_dim(2)
-        .reshape([b, s]);
-    let counted: f64 = (overlap * targets.position_mask.clone())
-        .sum()
-        .into_scalar::<f32>() as f64;
-    let mask: f64 = targets.position_mask.clone().sum().into_scalar::<f32>() as f64;
-    counted / mask.max(1e-8)
+        .reshape([b, s])
+}
+
+/// The draft vocabulary's target ids as an index tensor.
+fn id_tensor(draft_to_target: &[u32], device: &Device) -> Tensor<1, Int> {
+    let ids: Vec<i64> = draft_to_target.iter().map(|&t| t as i64).collect();
+    Tensor::from_data(TensorData::new(ids, [draft_to_target.len()]), device)
+}
+
+/// A tensor's sum as an `f64`.
+fn sum(t: Tensor<2>) -> f64 {
+    t.sum().into_scalar::<f32>() as f64
+}
+
+/// SpecForge's acceptance-rate metric of a step: `Σ mask · Σ_v min(p_target, p_draft) /
+/// max(Σ mask, 1e-8)`, with the target's probabilities not renormalised.
+pub fn ttt_acceptance_rate(logits: Tensor<3>, targets: &TttTargets) -> f64 {
+    let counted = sum(overlap(logits, targets) * targets.position_mask.clone());
+    counted / sum(targets.position_mask.clone()).max(1e-8)
 }

@@ -17,7 +17,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use kd_data::{Batch, Example};
 use kd_eval::Drafter;
 use kd_lora::derive_seed;
-use kd_loss::{TTT_DECAY, TttTargets, ttt_step_loss};
+use kd_loss::{TTT_DECAY, TttTargets, ttt_step_counts, ttt_step_loss};
 use kd_model::{DraftVocab, Eagle3Config, Eagle3Draft, ForwardOptions, HiddenStates, Llama};
 use kd_train::{
     StepLoss, StepLossFn, TrainConfig, TrainError, TrainMode, Trainable, Trainer, token_batch,
@@ -103,6 +103,51 @@ impl Trainable for Eagle3Model {
         ))
     }
 }
+
+/// The per-step metric names of the training log, for the first 16 TTT steps (later steps are
+/// trained but not logged one by one). `ttt_step{k}_acc`: the share of the step's label tokens
+/// where step `k`'s draft argmax is the target's argmax (SpecForge's `acc_k`; for `k > 0`
+/// SpecForge divides by the labels left after the shift, a few fewer). `ttt_step{k}_alpha`:
+/// `Σ min(p_target, p_draft)` per label token, a token outside the draft vocabulary counting
+/// as rejected (SpecForge's acceptance rate divides by the in-vocabulary tokens instead), the
+/// expected acceptance of that step's draft.
+const STEP_ACC: [&str; 16] = [
+    "ttt_step0_acc",
+    "ttt_step1_acc",
+    "ttt_step2_acc",
+    "ttt_step3_acc",
+    "ttt_step4_acc",
+    "ttt_step5_acc",
+    "ttt_step6_acc",
+    "ttt_step7_acc",
+    "ttt_step8_acc",
+    "ttt_step9_acc",
+    "ttt_step10_acc",
+    "ttt_step11_acc",
+    "ttt_step12_acc",
+    "ttt_step13_acc",
+    "ttt_step14_acc",
+    "ttt_step15_acc",
+];
+/// See [`STEP_ACC`].
+const STEP_ALPHA: [&str; 16] = [
+    "ttt_step0_alpha",
+    "ttt_step1_alpha",
+    "ttt_step2_alpha",
+    "ttt_step3_alpha",
+    "ttt_step4_alpha",
+    "ttt_step5_alpha",
+    "ttt_step6_alpha",
+    "ttt_step7_alpha",
+    "ttt_step8_alpha",
+    "ttt_step9_alpha",
+    "ttt_step10_alpha",
+    "ttt_step11_alpha",
+    "ttt_step12_alpha",
+    "ttt_step13_alpha",
+    "ttt_step14_alpha",
+    "ttt_step15_alpha",
+];
 
 /// The TTT loss of an EAGLE-3 draft against a target run online.
 pub struct Eagle3Loss<'a> {
@@ -199,10 +244,22 @@ impl StepLossFn<Eagle3Model> for Eagle3Loss<'_> {
         let logits = model.draft.unroll(pass.ids, pass.features, self.ttt_length);
         let mut total: Option<Tensor<1>> = None;
         let mut first = 0.0;
+        let mut metrics = Vec::new();
+        let per_token = 1.0 / normalizer.max(1.0) as f64;
         for (k, l) in logits.into_iter().enumerate() {
+            let targets = pass.targets.step(k);
+            if let (Some(acc), Some(alpha)) = (STEP_ACC.get(k), STEP_ALPHA.get(k)) {
+                let counts = ttt_step_counts(
+                    l.clone().detach(),
+                    &targets,
+                    model.draft.vocab().target_ids(),
+                );
+                metrics.push((*acc, counts.correct * per_token));
+                metrics.push((*alpha, counts.overlap * per_token));
+            }
             // ttt_step_loss divides by batch · seq: undo it, then divide by the normaliser.
-            let step = ttt_step_loss(l, &pass.targets.step(k))
-                .mul_scalar(TTT_DECAY.powi(k as i32) * rows / normalizer.max(1.0) as f64);
+            let step =
+                ttt_step_loss(l, &targets).mul_scalar(TTT_DECAY.powi(k as i32) * rows * per_token);
             if k == 0 {
                 first = step.clone().into_scalar::<f32>() as f64;
             }
@@ -212,11 +269,13 @@ impl StepLossFn<Eagle3Model> for Eagle3Loss<'_> {
             });
         }
         let total = total.expect("at least one step");
+        let mut terms = vec![
+            ("ttt_loss", total.clone().into_scalar::<f32>() as f64),
+            ("ttt_step0_loss", first),
+        ];
+        terms.extend(metrics);
         Ok(StepLoss {
-            terms: vec![
-                ("ttt_loss", total.clone().into_scalar::<f32>() as f64),
-                ("ttt_step0_loss", first),
-            ],
+            terms,
             total,
             kd: None,
         })

@@ -1,12 +1,12 @@
 //! The EAGLE-3 TTT loss against SpecForge's (`fixtures/eagle3/`, made by
 //! `fixtures/make_eagle3_golden.py`): the target distribution over the draft vocabulary, the
-//! position masks, each step's loss and acceptance rate, and the 0.8-weighted sum, computed
+//! position masks, each step's loss, acceptance rate and accuracy, and the 0.8-weighted sum, computed
 //! from the reference's own float64 step logits; bounds from the reference's float32 spread.
 
 use std::collections::HashMap;
 
 use burn::tensor::{DType, Tensor, TensorData};
-use kd_loss::{TttTargets, ttt_acceptance_rate, ttt_loss, ttt_step_loss};
+use kd_loss::{TttTargets, ttt_acceptance_rate, ttt_loss, ttt_step_counts, ttt_step_loss};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::util::{cpu, fixtures, scalar};
@@ -152,6 +152,27 @@ fn ttt_loss_matches_specforge() {
         assert!(
             (rate - expected).abs() <= tol,
             "{name}: {rate} vs {expected}"
+        );
+        // The metric sums: SpecForge's accuracy is a ratio of counts (exact), its acceptance
+        // rate the same as above.
+        let counts = ttt_step_counts(l.clone(), &step, &draft_to_target);
+        let expected = golden[&format!("step{k}.acc")].1[0];
+        assert_eq!(
+            counts.labels,
+            golden[&format!("step{k}.loss_mask")].1.iter().sum::<f64>(),
+            "step {k} labels"
+        );
+        assert!(
+            (counts.accuracy() - expected).abs() <= 1e-12,
+            "step{k}.acc: {} ({} of {}) vs {expected}",
+            counts.accuracy(),
+            counts.correct,
+            counts.labels
+        );
+        assert!(
+            (counts.acceptance_rate() - rate).abs() <= 1e-12,
+            "step {k}: counts' rate {} vs {rate}",
+            counts.acceptance_rate()
         );
         logits.push(l);
     }
