@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use kd_dist::World;
-use kd_model::{Completion, GenerateOptions, Llama, SeededPrompt, generate::stream_seed};
+use kd_model::{GenerateOptions, Llama, SeededPrompt, generate::stream_seed};
 use serde::{Deserialize, Serialize};
 
 use crate::draft::Drafter;
@@ -131,7 +131,9 @@ pub enum EvalPhase {
 }
 
 /// Measures how well `draft` serves `target` on `prompts` (token ids, prompt `i` seeded
-/// with `stream_seed(seed, i)`); `progress(phase, prompts_done, prompts)` after each batch.
+/// with `stream_seed(seed, i)`); `progress(phase, prompts_done, prompts)` after each phase of
+/// each batch. Each batch is decoded speculatively, then (with baselines) by the target alone
+/// and by the draft alone, before the next batch: the phases' wall times interleave.
 /// The draft is a Llama or an EAGLE-3 draft ([`Drafter`]); one that cannot decode alone
 /// (EAGLE-3) has its cost measured inside speculative decoding instead (its draft passes per
 /// drafted token).
@@ -159,7 +161,7 @@ struct BatchResult {
     identical: usize,
 }
 
-/// One rank's batches and the wall time of each phase.
+/// One rank's batches and each phase's wall time, summed over the batches.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct RankResult {
     batches: Vec<BatchResult>,
@@ -204,24 +206,6 @@ pub fn evaluate_across<D: Drafter + ?Sized>(
         .collect();
     let my_total: usize = mine.iter().map(|b| batches[*b].len()).sum();
 
-    let mut local = RankResult::default();
-    let mut spec_out: Vec<Vec<Completion>> = Vec::with_capacity(mine.len());
-    let started = Instant::now();
-    let mut done = 0;
-    for b in &mine {
-        let out = speculative_generate(target, draft, batches[*b], spec)?;
-        done += batches[*b].len();
-        local.batches.push(BatchResult {
-            batch: *b,
-            tokens: out.completions.iter().map(|c| c.ids.len()).sum(),
-            stats: out.stats,
-            ..BatchResult::default()
-        });
-        spec_out.push(out.completions);
-        progress(EvalPhase::Speculative, done, my_total);
-    }
-    local.speculative_seconds = started.elapsed().as_secs_f64();
-
     let plain = GenerateOptions {
         max_new_tokens: spec.max_new_tokens,
         sampling: spec.sampling,
@@ -232,44 +216,58 @@ pub fn evaluate_across<D: Drafter + ?Sized>(
         },
         return_logprobs: false,
     };
+    // The baselines decode each batch right after speculative decoding did, so that the
+    // machine's drift over the run (clock, other load) falls on every phase alike rather
+    // than on whichever phase ran last.
+    let mut baselines = Vec::new();
     if options.baselines {
-        let mut models = vec![(target, EvalPhase::Target)];
-        match draft.standalone() {
-            Some(d) => models.push((d, EvalPhase::Draft)),
-            // The draft's own passes inside speculative decoding, per drafted token.
-            None => {
-                for result in &mut local.batches {
-                    result.draft_tokens = result.stats.drafted;
-                }
-                local.draft_seconds = local.batches.iter().map(|b| b.stats.draft_seconds).sum();
-            }
+        baselines.push((target, EvalPhase::Target));
+        if let Some(d) = draft.standalone() {
+            baselines.push((d, EvalPhase::Draft));
         }
-        for (model, phase) in models {
+    }
+    let mut local = RankResult::default();
+    let mut done = 0;
+    for b in &mine {
+        let started = Instant::now();
+        let out = speculative_generate(target, draft, batches[*b], spec)?;
+        local.speculative_seconds += started.elapsed().as_secs_f64();
+        done += batches[*b].len();
+        progress(EvalPhase::Speculative, done, my_total);
+        let mut result = BatchResult {
+            batch: *b,
+            tokens: out.completions.iter().map(|c| c.ids.len()).sum(),
+            stats: out.stats,
+            ..BatchResult::default()
+        };
+        for &(model, phase) in &baselines {
             let started = Instant::now();
-            let mut done = 0;
-            for (i, b) in mine.iter().enumerate() {
-                let out = model.generate(batches[*b], &plain)?;
-                done += batches[*b].len();
-                let n: usize = out.iter().map(|c| c.ids.len()).sum();
-                let result = &mut local.batches[i];
-                if phase == EvalPhase::Target {
-                    result.target_tokens = n;
-                    result.identical = out
-                        .iter()
-                        .zip(&spec_out[i])
-                        .filter(|(a, b)| a.ids == b.ids)
-                        .count();
-                } else {
-                    result.draft_tokens = n;
-                }
-                progress(phase, done, my_total);
-            }
+            let plain_out = model.generate(batches[*b], &plain)?;
             let seconds = started.elapsed().as_secs_f64();
-            match phase {
-                EvalPhase::Target => local.target_seconds = seconds,
-                _ => local.draft_seconds = seconds,
+            let n: usize = plain_out.iter().map(|c| c.ids.len()).sum();
+            if phase == EvalPhase::Target {
+                local.target_seconds += seconds;
+                result.target_tokens = n;
+                result.identical = plain_out
+                    .iter()
+                    .zip(&out.completions)
+                    .filter(|(a, b)| a.ids == b.ids)
+                    .count();
+            } else {
+                local.draft_seconds += seconds;
+                result.draft_tokens = n;
             }
+            progress(phase, done, my_total);
         }
+        local.batches.push(result);
+    }
+    // A draft that cannot decode alone: its own passes inside speculative decoding, per
+    // drafted token.
+    if options.baselines && draft.standalone().is_none() {
+        for result in &mut local.batches {
+            result.draft_tokens = result.stats.drafted;
+        }
+        local.draft_seconds = local.batches.iter().map(|b| b.stats.draft_seconds).sum();
     }
     let ranks = gather(world, local)?;
     Ok(report(options, total, &ranks))
