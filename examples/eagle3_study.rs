@@ -98,9 +98,19 @@ struct Print;
 
 impl TrainObserver for Print {
     fn on_log(&mut self, r: &LogRecord) {
+        // The first draft's accuracy on the training batches (the trainer's `ttt_step0_acc`).
+        let acc = r
+            .terms
+            .iter()
+            .find(|(name, _)| name == "ttt_step0_acc")
+            .map_or(f64::NAN, |(_, v)| *v);
         println!(
-            "  step {:>4}  loss {:.4}  lr {:.2e}  tokens/s {:.0}",
-            r.step, r.loss, r.learning_rate, r.tokens_per_second
+            "  step {:>4}  loss {:.4}  first-draft accuracy {:.1}%  lr {:.2e}  tokens/s {:.0}",
+            r.step,
+            r.loss,
+            100.0 * acc,
+            r.learning_rate,
+            r.tokens_per_second
         );
     }
 }
