@@ -104,6 +104,16 @@ impl Trainable for Eagle3Model {
     }
 }
 
+/// `["ttt_step0{suffix}", …, "ttt_step15{suffix}"]`.
+macro_rules! step_names {
+    ($suffix:literal) => {
+        step_names!($suffix; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    ($suffix:literal; $($k:literal)*) => {
+        [$(concat!("ttt_step", $k, $suffix)),*]
+    };
+}
+
 /// The per-step metric names of the training log, for the first 16 TTT steps (later steps are
 /// trained but not logged one by one). `ttt_step{k}_acc`: the share of the step's label tokens
 /// where step `k`'s draft argmax is the target's argmax (SpecForge's `acc_k`; for `k > 0`
@@ -111,43 +121,9 @@ impl Trainable for Eagle3Model {
 /// `Σ min(p_target, p_draft)` per label token, a token outside the draft vocabulary counting
 /// as rejected (SpecForge's acceptance rate divides by the in-vocabulary tokens instead), the
 /// expected acceptance of that step's draft.
-const STEP_ACC: [&str; 16] = [
-    "ttt_step0_acc",
-    "ttt_step1_acc",
-    "ttt_step2_acc",
-    "ttt_step3_acc",
-    "ttt_step4_acc",
-    "ttt_step5_acc",
-    "ttt_step6_acc",
-    "ttt_step7_acc",
-    "ttt_step8_acc",
-    "ttt_step9_acc",
-    "ttt_step10_acc",
-    "ttt_step11_acc",
-    "ttt_step12_acc",
-    "ttt_step13_acc",
-    "ttt_step14_acc",
-    "ttt_step15_acc",
-];
+const STEP_ACC: [&str; 16] = step_names!("_acc");
 /// See [`STEP_ACC`].
-const STEP_ALPHA: [&str; 16] = [
-    "ttt_step0_alpha",
-    "ttt_step1_alpha",
-    "ttt_step2_alpha",
-    "ttt_step3_alpha",
-    "ttt_step4_alpha",
-    "ttt_step5_alpha",
-    "ttt_step6_alpha",
-    "ttt_step7_alpha",
-    "ttt_step8_alpha",
-    "ttt_step9_alpha",
-    "ttt_step10_alpha",
-    "ttt_step11_alpha",
-    "ttt_step12_alpha",
-    "ttt_step13_alpha",
-    "ttt_step14_alpha",
-    "ttt_step15_alpha",
-];
+const STEP_ALPHA: [&str; 16] = step_names!("_alpha");
 
 /// The TTT loss of an EAGLE-3 draft against a target run online.
 pub struct Eagle3Loss<'a> {
@@ -258,8 +234,8 @@ impl StepLossFn<Eagle3Model> for Eagle3Loss<'_> {
                 metrics.push((*alpha, counts.overlap * per_token));
             }
             // ttt_step_loss divides by batch · seq: undo it, then divide by the normaliser.
-            let step =
-                ttt_step_loss(l, &targets).mul_scalar(TTT_DECAY.powi(k as i32) * rows * per_token);
+            let step = ttt_step_loss(l, &targets)
+                .mul_scalar(TTT_DECAY.powi(k as i32) * rows / normalizer.max(1.0) as f64);
             if k == 0 {
                 first = step.clone().into_scalar::<f32>() as f64;
             }
