@@ -87,9 +87,10 @@ struct Args {
     /// over all rows of a batch.
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Write the held-out prompts (chat-templated token ids), the tokens to generate and the
-    /// stop ids to this JSON file and stop: the input of fixtures/check_llamacpp_eagle3.py,
-    /// which measures the same prompts with llama.cpp.
+    /// Write the held-out prompts (chat-templated token ids, and their records' ids), the
+    /// tokens to generate and the stop ids to this JSON file and stop: the input of
+    /// fixtures/check_llamacpp_eagle3.py, which measures the same prompts with llama.cpp, and
+    /// of fixtures/exclude_held_out.py.
     #[arg(long)]
     write_held_out: Option<PathBuf>,
 }
@@ -160,6 +161,8 @@ fn main() -> Result<()> {
             "max_new_tokens": args.max_new_tokens,
             "stop_token_ids": tc.eos_token_ids,
             "prompts": held_out,
+            // Their records' ids (`custom_id`, else `file:line`), in the same order.
+            "record_ids": prompts.eval.iter().map(|&i| &prompts.records[i].id).collect::<Vec<_>>(),
         });
         std::fs::write(path, serde_json::to_string(&json)?)
             .with_context(|| format!("writing {}", path.display()))?;

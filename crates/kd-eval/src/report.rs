@@ -219,10 +219,11 @@ pub fn evaluate_across<D: Drafter + ?Sized>(
     // The baselines decode each batch right after speculative decoding did, so that the
     // machine's drift over the run (clock, other load) falls on every phase alike rather
     // than on whichever phase ran last.
+    let standalone = draft.standalone();
     let mut baselines = Vec::new();
     if options.baselines {
         baselines.push((target, EvalPhase::Target));
-        if let Some(d) = draft.standalone() {
+        if let Some(d) = standalone {
             baselines.push((d, EvalPhase::Draft));
         }
     }
@@ -263,7 +264,7 @@ pub fn evaluate_across<D: Drafter + ?Sized>(
     }
     // A draft that cannot decode alone: its own passes inside speculative decoding, per
     // drafted token.
-    if options.baselines && draft.standalone().is_none() {
+    if options.baselines && standalone.is_none() {
         for result in &mut local.batches {
             result.draft_tokens = result.stats.drafted;
         }
