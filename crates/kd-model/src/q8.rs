@@ -30,6 +30,14 @@ pub(crate) struct Q8Rows {
     pub d: Vec<f32>,
     /// Each block's `d·Σq`, `[n, cols / 32]`, rounded to f16 (Q4_1's offset term).
     pub s: Vec<f32>,
+    /// `d` again, block-major: `[cols / 32, padded]`, the rows of block `b` side by side
+    /// from `b · padded` and zeros past `n`, so that the SIMD kernels read the scales of a
+    /// register group of rows with one load and scale them with one multiplication.
+    pub d_by_block: Vec<f32>,
+    /// `s`, block-major as `d_by_block`.
+    pub s_by_block: Vec<f32>,
+    /// `n` rounded up to a multiple of eight (the row stride of the block-major copies).
+    pub padded: usize,
 }
 
 /// `v` rounded to the nearest integer, ties to even, for |v| < 2²², as ggml's `nearest_int`
@@ -82,7 +90,28 @@ impl Q8Rows {
             d.push(f16_round(scale));
             s.push(f16_round(sum as f32 * scale));
         }
-        Self { n, cols, q, d, s }
+        let groups = cols / 32;
+        let padded = n.next_multiple_of(8);
+        let by_block = |v: &[f32]| {
+            let mut out = vec![0f32; groups * padded];
+            for (r, row) in v.chunks_exact(groups.max(1)).enumerate().take(n) {
+                for (g, &x) in row.iter().enumerate() {
+                    out[g * padded + r] = x;
+                }
+            }
+            out
+        };
+        let (d_by_block, s_by_block) = (by_block(&d), by_block(&s));
+        Self {
+            n,
+            cols,
+            q,
+            d,
+            s,
+            d_by_block,
+            s_by_block,
+            padded,
+        }
     }
 }
 
@@ -192,15 +221,19 @@ macro_rules! simd_dot_row {
             assert!(
                 G <= GROUP
                     && r0 + G <= x.n
+                    && r0 + GROUP <= x.padded
                     && x.cols.is_multiple_of(32 << layout.shift)
                     && row.len() == (groups >> layout.shift) * layout.size
                     && x.q.len() == x.n * x.cols
-                    && x.d.len() == x.n * groups
-                    && x.s.len() == x.n * groups
+                    && x.d_by_block.len() == groups * x.padded
+                    && x.s_by_block.len() == groups * x.padded
             );
             let (unsigned, offset) = (group::unsigned(ty), group::has_offset(ty));
             let mut s = [_mm256_setzero_ps(); G];
-            let mut offsets = [0f32; G];
+            // The offset terms of the group's rows, one per lane: lane q is row r0 + q.
+            let mut offsets = _mm256_setzero_ps();
+            // `d_w · d_x` of each row for the group at hand (and the second half's, Q6_K).
+            let (mut d0, mut d1) = ([0f32; GROUP], [0f32; GROUP]);
             for (blk, block) in row.chunks_exact(layout.size).enumerate() {
                 // SAFETY: the kernel's features include F16C.
                 let scales = group::block_scales(ty, block, |h| unsafe { group::halves_f16c(h) });
@@ -212,7 +245,24 @@ macro_rules! simd_dot_row {
                 // Unsigned weights meet the inputs as they are; signed ones as |w| and the
                 // inputs with w's sign (ggml's `mul_sum_i8_pairs`): the same products.
                 let a = if unsigned { w } else { _mm256_sign_epi8(w, w) };
-                for (q, (sq, o)) in s.iter_mut().zip(&mut offsets).enumerate() {
+                // The scalar kernel's per-row products, `d_w · d_x` and `offset · s_x`, for
+                // eight rows at once (lane by lane the same operations, so the same bits).
+                let at = g * x.padded + r0;
+                // SAFETY: at + 8 <= groups * padded = the copies' lengths (asserted).
+                let dx = unsafe { _mm256_loadu_ps(x.d_by_block.as_ptr().add(at)) };
+                // SAFETY: `d0` holds eight floats.
+                unsafe { _mm256_storeu_ps(d0.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(sc.d[0]), dx)) };
+                // Two scales (lanes 0–3 and 4–7) only in a Q6_K group.
+                if ty == GgmlType::Q6K {
+                    // SAFETY: `d1` holds eight floats.
+                    unsafe { _mm256_storeu_ps(d1.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(sc.d[1]), dx)) };
+                }
+                if offset {
+                    // SAFETY: as for `dx`.
+                    let sx = unsafe { _mm256_loadu_ps(x.s_by_block.as_ptr().add(at)) };
+                    offsets = _mm256_add_ps(offsets, _mm256_mul_ps(_mm256_set1_ps(sc.offset), sx));
+                }
+                for (q, sq) in s.iter_mut().enumerate() {
                     let r = r0 + q;
                     // SAFETY: r * cols + g * 32 + 32 <= n * cols = x.q.len() (asserted).
                     let qy = unsafe {
@@ -220,21 +270,19 @@ macro_rules! simd_dot_row {
                     };
                     let b = if unsigned { qy } else { _mm256_sign_epi8(qy, w) };
                     let dot = $dot(a, b);
-                    let dx = x.d[r * groups + g];
-                    // Two scales (lanes 0–3 and 4–7) only in a Q6_K group.
                     let d = if ty == GgmlType::Q6K {
-                        _mm256_set_m128(_mm_set1_ps(sc.d[1] * dx), _mm_set1_ps(sc.d[0] * dx))
+                        _mm256_set_m128(_mm_set1_ps(d1[q]), _mm_set1_ps(d0[q]))
                     } else {
-                        _mm256_set1_ps(sc.d[0] * dx)
+                        _mm256_set1_ps(d0[q])
                     };
                     *sq = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *sq);
-                    if offset {
-                        *o += sc.offset * x.s[r * groups + g];
-                    }
                 }
                 }
             }
-            for (q, (sq, o)) in s.iter().zip(&offsets).enumerate() {
+            let mut o = [0f32; GROUP];
+            // SAFETY: `o` holds eight floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), offsets) };
+            for (q, (sq, o)) in s.iter().zip(&o).enumerate() {
                 let mut l = [0f32; 8];
                 // SAFETY: `l` holds 8 floats.
                 unsafe { _mm256_storeu_ps(l.as_mut_ptr(), *sq) };
@@ -402,6 +450,21 @@ mod tests {
             }
             assert_eq!(q.d[b], f16::from_f32(d).to_f32());
             assert_eq!(q.s[b], f16::from_f32(sum as f32 * d).to_f32());
+        }
+        // The block-major copies: block b's rows side by side, zeros past the last row.
+        let x3: Vec<f32> = (0..3 * 64).map(|i| (i as f32 * 0.73).sin()).collect();
+        let q3 = Q8Rows::quantize(&x3, 3, 64);
+        assert_eq!(q3.padded, 8);
+        for b in 0..2 {
+            for r in 0..8 {
+                let (d, s) = if r < 3 {
+                    (q3.d[r * 2 + b], q3.s[r * 2 + b])
+                } else {
+                    (0.0, 0.0)
+                };
+                assert_eq!(q3.d_by_block[b * 8 + r], d, "d {b} {r}");
+                assert_eq!(q3.s_by_block[b * 8 + r], s, "s {b} {r}");
+            }
         }
         let zeros = Q8Rows::quantize(&[0.0; 32], 1, 32);
         assert!(zeros.q.iter().all(|v| *v == 0) && zeros.d == [0.0] && zeros.s == [0.0]);
