@@ -235,6 +235,7 @@ macro_rules! simd_dot_row {
             // `d_w · d_x` of each row for the group at hand (and the second half's, Q6_K).
             let (mut d0, mut d1) = ([0f32; GROUP], [0f32; GROUP]);
             for (blk, block) in row.chunks_exact(layout.size).enumerate() {
+                group::prefetch_ahead(block);
                 // SAFETY: the kernel's features include F16C.
                 let scales = group::block_scales(ty, block, |h| unsafe { group::halves_f16c(h) });
                 for (sub, sc) in scales.iter().enumerate().take(1 << layout.shift) {

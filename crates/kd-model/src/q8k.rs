@@ -231,6 +231,7 @@ fn group_avx2<const G: usize, const T: u8>(
     let mut lanes = [_mm256_setzero_ps(); G];
     let mut mins = [_mm_setzero_ps(); G];
     for (blk, block) in row.chunks_exact(layout.size).enumerate() {
+        group::prefetch_ahead(block);
         // SAFETY: the kernel's features include F16C.
         let s = k_scales(ty, block, |h| unsafe { group::halves_f16c(h) });
         // The scales as 16-bit lanes: Q4_K/Q5_K's eight in both halves; Q6_K's first and

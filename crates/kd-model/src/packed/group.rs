@@ -346,3 +346,27 @@ pub(crate) unsafe fn halves_f16c(bits: u32) -> [f32; 2] {
         [_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v))]
     }
 }
+
+/// Bytes ahead of the block at hand that the SIMD kernels ask the cache for
+/// ([`prefetch_ahead`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks the CPU to bring the cache lines [`PREFETCH_AHEAD`] bytes past `block` (one per 64
+/// bytes of the block) into its L1 cache, so that a kernel walking a matrix's blocks in order
+/// finds the blocks it will read next already loaded. Decoding reads every weight block once
+/// per pass, and at one or two input rows the kernels otherwise wait on those loads (measured
+/// on a 2-core Xeon: SmolLM2 Q4_1 at batch 1, 52 → 98 tokens/s with f32 activations and 76 →
+/// 134 with 8-bit ones; 1024 bytes ahead gave 96 and 130, 4096 bytes 100 and 139).
+/// A prefetch is only a hint: past the end of the matrix it reads nothing and cannot fault.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead(block: &[u8]) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for at in (0..block.len()).step_by(64) {
+        let p = block.as_ptr().wrapping_add(PREFETCH_AHEAD + at);
+        // SAFETY: a prefetch does not access memory as far as the program can observe (no
+        // fault, no value read), whatever the address; SSE is part of x86-64's baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
+    }
+}

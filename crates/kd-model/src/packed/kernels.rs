@@ -215,6 +215,7 @@ unsafe fn group_avx2<const G: usize, const T: u8>(
         let px = x.as_ptr().add(out.r0 * cols);
         let mut s = [[_mm256_setzero_ps(); 4]; G];
         for (blk, block) in row.chunks_exact(layout.size).enumerate() {
+            group::prefetch_ahead(block);
             let scales = group::block_scales(ty, block, |h| group::halves_f16c(h));
             for (sub, sc) in scales.iter().enumerate().take(1 << layout.shift) {
                 let g = (blk << layout.shift) + sub;
@@ -269,6 +270,7 @@ unsafe fn group_avx512<const G: usize, const T: u8>(
         let px = x.as_ptr().add(out.r0 * cols);
         let mut s = [[_mm512_setzero_ps(); 2]; G];
         for (blk, block) in row.chunks_exact(layout.size).enumerate() {
+            group::prefetch_ahead(block);
             let scales = group::block_scales(ty, block, |h| group::halves_f16c(h));
             for (sub, sc) in scales.iter().enumerate().take(1 << layout.shift) {
                 let g = (blk << layout.shift) + sub;
