@@ -26,19 +26,20 @@ pub(crate) struct Q8Rows {
     pub cols: usize,
     /// The quantised values, `[n, cols]`.
     pub q: Vec<i8>,
-    /// Each block's scale `d`, `[n, cols / 32]`, rounded to f16.
+    /// Each block's scale `d`, rounded to f16, block-major: `[cols / 32, padded]`, the rows
+    /// of block `b` side by side from `b · padded` and zeros past `n`, so that the SIMD
+    /// kernels read the scales of a register group of rows with one load and scale them with
+    /// one multiplication ([`d_at`](Self::d_at) reads one).
     pub d: Vec<f32>,
-    /// Each block's `d·Σq`, `[n, cols / 32]`, rounded to f16 (Q4_1's offset term).
+    /// Each block's `d·Σq`, rounded to f16 (Q4_1's offset term), laid out as `d`.
     pub s: Vec<f32>,
-    /// `d` again, block-major: `[cols / 32, padded]`, the rows of block `b` side by side
-    /// from `b · padded` and zeros past `n`, so that the SIMD kernels read the scales of a
-    /// register group of rows with one load and scale them with one multiplication.
-    pub d_by_block: Vec<f32>,
-    /// `s`, block-major as `d_by_block`.
-    pub s_by_block: Vec<f32>,
-    /// `n` rounded up to a multiple of eight (the row stride of the block-major copies).
+    /// `n` rounded up to a multiple of [`ROW_PAD`] (the row stride of `d` and `s`).
     pub padded: usize,
 }
+
+/// What the rows of `Q8Rows::d` and `Q8Rows::s` are padded to: the SIMD kernels' register
+/// group of rows, read with one 8-lane load.
+const ROW_PAD: usize = 8;
 
 /// `v` rounded to the nearest integer, ties to even, for |v| < 2²², as ggml's `nearest_int`
 /// does it: by adding and taking away 1.5 · 2²³. Plain arithmetic, so that it vectorises on
@@ -73,11 +74,11 @@ impl Q8Rows {
             cols.is_multiple_of(32) && x.len() == n * cols,
             "x must be [n, cols] with cols a multiple of 32"
         );
-        let blocks = n * cols / 32;
+        let (groups, padded) = (cols / 32, n.next_multiple_of(ROW_PAD));
         let mut q = vec![0i8; n * cols];
-        let mut d = Vec::with_capacity(blocks);
-        let mut s = Vec::with_capacity(blocks);
-        for (xs, qs) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+        let mut d = vec![0f32; groups * padded];
+        let mut s = vec![0f32; groups * padded];
+        for (i, (xs, qs)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
             let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
             let scale = amax / 127.0;
             let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
@@ -87,31 +88,29 @@ impl Q8Rows {
                 *o = round_away_small(v * inv) as i8;
                 sum += i32::from(*o);
             }
-            d.push(f16_round(scale));
-            s.push(f16_round(sum as f32 * scale));
+            // Block i is row i / groups's block i % groups.
+            let at = (i % groups) * padded + i / groups;
+            d[at] = f16_round(scale);
+            s[at] = f16_round(sum as f32 * scale);
         }
-        let groups = cols / 32;
-        let padded = n.next_multiple_of(8);
-        let by_block = |v: &[f32]| {
-            let mut out = vec![0f32; groups * padded];
-            for (r, row) in v.chunks_exact(groups.max(1)).enumerate().take(n) {
-                for (g, &x) in row.iter().enumerate() {
-                    out[g * padded + r] = x;
-                }
-            }
-            out
-        };
-        let (d_by_block, s_by_block) = (by_block(&d), by_block(&s));
         Self {
             n,
             cols,
             q,
             d,
             s,
-            d_by_block,
-            s_by_block,
             padded,
         }
+    }
+
+    /// Row `r`'s scale of block `g`.
+    pub fn d_at(&self, r: usize, g: usize) -> f32 {
+        self.d[g * self.padded + r]
+    }
+
+    /// Row `r`'s `d·Σq` of block `g`.
+    pub fn s_at(&self, r: usize, g: usize) -> f32 {
+        self.s[g * self.padded + r]
     }
 }
 
@@ -124,7 +123,6 @@ pub(crate) fn hsum(l: &[f32; 8]) -> f32 {
 /// stored, of type `ty`), into `acc [n, nb]`.
 pub(crate) fn dot_row(ty: GgmlType, row: &[u8], x: &Q8Rows, acc: &mut [f32], nb: usize, j: usize) {
     let layout = Layout::of(ty);
-    let groups = x.cols / 32;
     let mut lanes = vec![[0f32; 8]; x.n];
     let mut offsets = vec![0f32; x.n];
     for (blk, block) in row.chunks_exact(layout.size).enumerate() {
@@ -134,7 +132,7 @@ pub(crate) fn dot_row(ty: GgmlType, row: &[u8], x: &Q8Rows, acc: &mut [f32], nb:
             let w = group::values(ty, block, sub);
             for (r, (lane, o)) in lanes.iter_mut().zip(&mut offsets).enumerate() {
                 let qs = &x.q[r * x.cols + g * 32..r * x.cols + g * 32 + 32];
-                let dx = x.d[r * groups + g];
+                let dx = x.d_at(r, g);
                 for (l, lv) in lane.iter_mut().enumerate() {
                     let dot: i32 = (4 * l..4 * l + 4)
                         .map(|k| i32::from(w[k]) * i32::from(qs[k]))
@@ -142,7 +140,7 @@ pub(crate) fn dot_row(ty: GgmlType, row: &[u8], x: &Q8Rows, acc: &mut [f32], nb:
                     *lv = (sc.d[l / 4] * dx).mul_add(dot as f32, *lv);
                 }
                 if group::has_offset(ty) {
-                    *o += sc.offset * x.s[r * groups + g];
+                    *o += sc.offset * x.s_at(r, g);
                 }
             }
         }
@@ -154,7 +152,7 @@ pub(crate) fn dot_row(ty: GgmlType, row: &[u8], x: &Q8Rows, acc: &mut [f32], nb:
 
 /// Rows of `x` per register group of the SIMD kernels (one accumulator each).
 #[cfg(target_arch = "x86_64")]
-pub(crate) const GROUP: usize = 8;
+pub(crate) const GROUP: usize = ROW_PAD;
 
 /// `$group::<G, T>$args` with `G` = `$g` (1 to [`GROUP`]) known at compile time: the SIMD
 /// kernels' register groups of input rows.
@@ -225,8 +223,8 @@ macro_rules! simd_dot_row {
                     && x.cols.is_multiple_of(32 << layout.shift)
                     && row.len() == (groups >> layout.shift) * layout.size
                     && x.q.len() == x.n * x.cols
-                    && x.d_by_block.len() == groups * x.padded
-                    && x.s_by_block.len() == groups * x.padded
+                    && x.d.len() == groups * x.padded
+                    && x.s.len() == groups * x.padded
             );
             let (unsigned, offset) = (group::unsigned(ty), group::has_offset(ty));
             let mut s = [_mm256_setzero_ps(); G];
@@ -249,8 +247,8 @@ macro_rules! simd_dot_row {
                 // The scalar kernel's per-row products, `d_w · d_x` and `offset · s_x`, for
                 // eight rows at once (lane by lane the same operations, so the same bits).
                 let at = g * x.padded + r0;
-                // SAFETY: at + 8 <= groups * padded = the copies' lengths (asserted).
-                let dx = unsafe { _mm256_loadu_ps(x.d_by_block.as_ptr().add(at)) };
+                // SAFETY: at + 8 <= groups * padded = the lengths of `d` and `s` (asserted).
+                let dx = unsafe { _mm256_loadu_ps(x.d.as_ptr().add(at)) };
                 // SAFETY: `d0` holds eight floats.
                 unsafe { _mm256_storeu_ps(d0.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(sc.d[0]), dx)) };
                 // Two scales (lanes 0–3 and 4–7) only in a Q6_K group.
@@ -260,7 +258,7 @@ macro_rules! simd_dot_row {
                 }
                 if offset {
                     // SAFETY: as for `dx`.
-                    let sx = unsafe { _mm256_loadu_ps(x.s_by_block.as_ptr().add(at)) };
+                    let sx = unsafe { _mm256_loadu_ps(x.s.as_ptr().add(at)) };
                     offsets = _mm256_add_ps(offsets, _mm256_mul_ps(_mm256_set1_ps(sc.offset), sx));
                 }
                 for (q, sq) in s.iter_mut().enumerate() {
@@ -449,25 +447,30 @@ mod tests {
                 assert!((back - v).abs() <= 0.5 * d * 1.0001, "{b} {k}");
                 sum += i32::from(*got);
             }
-            assert_eq!(q.d[b], f16::from_f32(d).to_f32());
-            assert_eq!(q.s[b], f16::from_f32(sum as f32 * d).to_f32());
+            assert_eq!(q.d_at(b, 0), f16::from_f32(d).to_f32());
+            assert_eq!(q.s_at(b, 0), f16::from_f32(sum as f32 * d).to_f32());
         }
-        // The block-major copies: block b's rows side by side, zeros past the last row.
+        // Block-major: block b's rows side by side, zeros past the last row.
         let x3: Vec<f32> = (0..3 * 64).map(|i| (i as f32 * 0.73).sin()).collect();
         let q3 = Q8Rows::quantize(&x3, 3, 64);
         assert_eq!(q3.padded, 8);
         for b in 0..2 {
             for r in 0..8 {
-                let (d, s) = if r < 3 {
-                    (q3.d[r * 2 + b], q3.s[r * 2 + b])
+                let xs = &x3[r.min(2) * 64 + b * 32..][..32];
+                let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = if r < 3 {
+                    f16::from_f32(amax / 127.0).to_f32()
                 } else {
-                    (0.0, 0.0)
+                    0.0
                 };
-                assert_eq!(q3.d_by_block[b * 8 + r], d, "d {b} {r}");
-                assert_eq!(q3.s_by_block[b * 8 + r], s, "s {b} {r}");
+                assert_eq!(q3.d[b * 8 + r], d, "d {b} {r}");
+                assert_eq!(q3.d_at(r, b), d, "d_at {b} {r}");
+                assert!(r < 3 || q3.s[b * 8 + r] == 0.0, "s {b} {r}");
             }
         }
         let zeros = Q8Rows::quantize(&[0.0; 32], 1, 32);
-        assert!(zeros.q.iter().all(|v| *v == 0) && zeros.d == [0.0] && zeros.s == [0.0]);
+        assert!(
+            zeros.q.iter().all(|v| *v == 0) && zeros.d_at(0, 0) == 0.0 && zeros.s_at(0, 0) == 0.0
+        );
     }
 }

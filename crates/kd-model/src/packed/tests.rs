@@ -160,14 +160,14 @@ fn int8_products_equal_the_integer_reference() {
                 // the offset through s = d·Σq, also at f16 precision).
                 let mut want = 0f64;
                 for b in 0..blocks {
-                    let dx = xq.d[r * blocks + b] as f64;
+                    let dx = xq.d_at(r, b) as f64;
                     for k in 0..32 {
                         let i = b * 32 + k;
                         let wv = w[j * cols + i] as f64;
                         let qv = xq.q[r * cols + i] as f64;
                         want += (wv - offsets[j * blocks + b] as f64) * qv * dx;
                     }
-                    want += offsets[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64;
+                    want += offsets[j * blocks + b] as f64 * xq.s_at(r, b) as f64;
                 }
                 let g = got[r * rows + j] as f64;
                 assert!(
@@ -180,12 +180,11 @@ fn int8_products_equal_the_integer_reference() {
                 let mut bound = 1e-3;
                 for i in 0..cols {
                     bound += (w[j * cols + i] as f64).abs()
-                        * xq.d[r * blocks + i / 32] as f64
+                        * xq.d_at(r, i / 32) as f64
                         * (0.5 + 127.0 / 2048.0 + 1e-3);
                 }
                 for b in 0..blocks {
-                    bound += (offsets[j * blocks + b] as f64 * xq.s[r * blocks + b] as f64).abs()
-                        / 1024.0;
+                    bound += (offsets[j * blocks + b] as f64 * xq.s_at(r, b) as f64).abs() / 1024.0;
                 }
                 let f = f32_product[r * rows + j] as f64;
                 assert!((g - f).abs() <= bound, "{ty:?} {r} {j}: {g} vs f32 {f}");
