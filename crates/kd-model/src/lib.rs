@@ -205,7 +205,8 @@ impl Llama {
     /// rounding can turn the last-bit differences of a multi-token pass (attention) into
     /// another greedy token, so speculative decoding reproduces plain decoding on most rows,
     /// not all. No effect on a model without
-    /// packed blocks, or on passes of more than a few rows (prefill, training).
+    /// packed blocks, on passes of more than a few rows (prefill, training), or below AVX2
+    /// (`KD_SIMD=scalar`), where decoding reads the blocks' f32 values.
     pub fn with_int8_activations(mut self, on: bool) -> Self {
         if let Some(p) = self.packed.as_mut() {
             std::sync::Arc::make_mut(p).set_int8(on);
@@ -219,7 +220,8 @@ impl Llama {
     /// in blocks of 32; opt in). Replaces blocks kept from a GGUF file; `on = false` drops
     /// them all (decoding then reads the f32 weights). Only on the CPU backend; adapters
     /// still add their own product, and a model whose base weights change afterwards (merged
-    /// adapters, training) must call it again.
+    /// adapters, training) must call it again. Below AVX2 (`KD_SIMD=scalar`) the blocks stand
+    /// down and decoding reads the f32 weights.
     pub fn with_q8_0_weights(mut self, on: bool) -> Self {
         self.packed = (on && self.embed_tokens.weight.lazy_device() == Device::flex())
             .then(|| std::sync::Arc::new(packed::Packed::q8_0_from_weights(&self)));
@@ -242,7 +244,8 @@ impl Llama {
         self
     }
 
-    /// Whether decoding passes run whole layers on the host ([`with_host_layers`](Self::with_host_layers)).
+    /// Whether the model has host layers ([`with_host_layers`](Self::with_host_layers)). A pass
+    /// runs on them where they apply: few rows, no adapters or dropout, AVX2 or above.
     pub fn host_layers(&self) -> bool {
         self.packed.as_ref().is_some_and(|p| p.host.is_some())
     }

@@ -61,7 +61,8 @@ impl Eagle3Draft {
     /// head), quantised now from the f32 weights as llama.cpp's `quantize_row_q8_0` does: a
     /// quarter of the bytes each drafted token reads, and no longer the f32 arithmetic (each
     /// weight is rounded to 8 bits in blocks of 32; opt in). Training, and passes over more
-    /// than a few positions, still read the f32 weights. `on = false` drops the blocks. A
+    /// than a few positions, still read the f32 weights, and so does decoding below AVX2
+    /// (`KD_SIMD=scalar`). `on = false` drops the blocks. A
     /// draft whose weights change afterwards must call it again.
     pub fn with_q8_0_weights(mut self, on: bool) -> Self {
         self.packed = on.then(|| {

@@ -318,11 +318,16 @@ fn q8_0_blocks_made_at_load_decode_close_to_the_f32_weights() {
         let b = to_vec(f32_model.logits(&batch).unwrap());
         let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = max_abs_diff(&a, &b);
-        // Weights rounded to 8 bits move the logits a little, never much.
-        assert!(
-            d > 0.0 && d < 0.02 * scale,
-            "{name}: max |Δ| {d} at scale {scale}"
-        );
+        if avx2() {
+            // Weights rounded to 8 bits move the logits a little, never much.
+            assert!(
+                d > 0.0 && d < 0.02 * scale,
+                "{name}: max |Δ| {d} at scale {scale}"
+            );
+        } else {
+            // Below AVX2 the blocks stand down: decoding reads the f32 weights.
+            assert_eq!(d, 0.0, "{name}: blocks read below AVX2");
+        }
         // Greedy decoding, batched rows and the KV cache go through the blocks too.
         let p = [kd_model::SeededPrompt { ids: &ids, seed: 0 }];
         let mut options = kd_model::GenerateOptions::greedy(8);
@@ -419,6 +424,13 @@ fn smollm2_int8_activations_agree_with_f32_activations() {
     assert!(top1 >= 0.97, "top-1 agreement {top1}");
     assert!(kl_mean <= 8e-3, "mean KL {kl_mean}");
     assert!(kl_max <= 0.1, "max KL {kl_max}");
+    // Below AVX2 the 8-bit products stand down (the agreement above is then exact), and the
+    // f32 products of Burn's GEMM depend on the number of rows: the check below is the
+    // 8-bit kernels'.
+    if !avx2() {
+        assert_eq!((kl_max, top1), (0.0, 1.0), "8-bit products below AVX2");
+        return;
+    }
     // What speculative decoding relies on: a pass over several tokens gives each position
     // what one-token passes give it (rows do not see each other in the products).
     let ids = ids(&g["prompts"][0]["ids"]);
@@ -576,4 +588,10 @@ fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
         lean.f32_copies_made().unwrap().0
     };
     assert_eq!(lean.f32_copies_made(), Some((made, 211)));
+}
+
+/// Whether the packed kernels (Q8_0 blocks, 8-bit activations) run at the level in use;
+/// below AVX2 (`KD_SIMD=scalar`) they stand down and decoding reads f32 weights.
+fn avx2() -> bool {
+    kd_kernels::cpu::level() >= kd_kernels::cpu::SimdLevel::Avx2
 }

@@ -108,8 +108,9 @@ fn a_k_quant_and_q5_model_decodes_lean_from_its_blocks() {
     );
     let lean = Llama::load_for_inference(&path, &dev).unwrap();
     let eager = Llama::load(&path, &dev).unwrap();
+    // Built at every level; below AVX2 a pass does not use them (the logits below agree).
+    assert!(lean.host_layers());
     let host = kd_kernels::cpu::level() >= kd_kernels::cpu::SimdLevel::Avx2;
-    assert_eq!(lean.host_layers(), host);
     let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % VOCAB as u32).collect();
     let logits = |m: &Llama| {
         let mut cache = m.new_cache();
@@ -143,6 +144,12 @@ fn a_k_quant_and_q5_model_decodes_lean_from_its_blocks() {
     );
     if host {
         assert_eq!(lean.f32_copies_made(), Some((0, LAYERS * 7 + 1)));
+    } else {
+        // Below AVX2 every pass reads the f32 copies, made from the blocks on first use.
+        assert_eq!(
+            lean.f32_copies_made(),
+            Some((LAYERS * 7 + 1, LAYERS * 7 + 1))
+        );
     }
     // 8-bit activations against the K-quant blocks: near the f32 logits (the rounding of
     // the activations to 8 bits is what differs).
