@@ -23,7 +23,7 @@ use kd_data::{ChatTokenizer, Example};
 use kd_model::{Eagle3Config, Eagle3Draft, GenerateOptions, Llama, SeededPrompt, parse_device};
 use kd_speculator::SpeculatorConfig;
 use kd_speculator::eagle3::{
-    Eagle3Loss, Eagle3Model, default_feature_layers, draft_vocab_from_examples,
+    Eagle3Loss, Eagle3Model, TargetCache, default_feature_layers, draft_vocab_from_examples,
 };
 use kd_train::{LogRecord, TrainConfig, TrainMode, TrainObserver, Trainer};
 
@@ -50,6 +50,10 @@ struct Args {
     /// Draft vocabulary size.
     #[arg(long, default_value_t = 8192)]
     draft_vocab_size: usize,
+    /// MiB kept of the target's outputs per training row, so that epochs after the first skip
+    /// the target (0: the target runs on every micro-batch).
+    #[arg(long, default_value_t = SpeculatorConfig::default().target_cache_mb)]
+    target_cache_mb: usize,
     /// Learning rate.
     #[arg(long, default_value_t = 1e-3)]
     learning_rate: f64,
@@ -398,6 +402,7 @@ fn train_draft(
         target,
         layers,
         ttt_length: args.ttt_length,
+        cache: TargetCache::new(args.target_cache_mb << 20),
     };
     let train_config = TrainConfig {
         output_dir: args.out.join("train"),
@@ -421,10 +426,16 @@ fn train_draft(
     let (trained, summary) = Trainer::new(train_config, &loss)
         .observer(&mut Print)
         .run(Eagle3Model { draft }, &examples)?;
+    let kept = loss.cache.stats();
     println!(
-        "trained {} steps in {:.1} s",
+        "trained {} steps in {:.1} s (the target ran on {} rows, {} read back; {} rows kept, \
+         {:.0} MB)",
         summary.global_step,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        kept.misses,
+        kept.hits,
+        kept.rows,
+        kept.bytes as f64 / 1e6
     );
     trained.draft.save(args.out.join("draft"))?;
     Ok(trained.draft)

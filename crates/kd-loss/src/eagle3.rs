@@ -38,26 +38,73 @@ pub struct TttTargets {
     pub loss_mask: Tensor<2>,
 }
 
+/// What the TTT loss reads of the target's logits `[batch, seq, target_vocab]`: the logits of
+/// the draft vocabulary, the log-normaliser over the whole vocabulary and the argmax. Small
+/// enough to keep per position (a draft vocabulary and two numbers, not the target's
+/// vocabulary), and all [`TttTargets::from_reduced`] needs.
+#[derive(Debug, Clone)]
+pub struct ReducedLogits {
+    /// `[batch, seq, draft_vocab]`: the target's logits of the draft vocabulary's tokens.
+    pub restricted: Tensor<3>,
+    /// `[batch, seq, 1]`: `log Σ_v exp(logit_v)` over the target's whole vocabulary.
+    pub log_z: Tensor<3>,
+    /// `[batch, seq]`: the target's argmax (a target id).
+    pub target_ids: Tensor<2, Int>,
+}
+
+impl ReducedLogits {
+    /// From the target's logits and the draft vocabulary's target ids (ascending).
+    pub fn new(target_logits: Tensor<3>, draft_to_target: &[u32]) -> Self {
+        let [b, s, _] = target_logits.dims();
+        let index = id_tensor(draft_to_target, &target_logits.device());
+        Self {
+            restricted: target_logits.clone().select(2, index),
+            log_z: log_sum_exp(target_logits.clone()),
+            target_ids: target_logits.argmax(2).reshape([b, s]),
+        }
+    }
+}
+
 impl TttTargets {
     /// From the target's logits `[batch, seq, target_vocab]`, the loss mask `[batch, seq]`
     /// (0/1) and the draft vocabulary's target ids (ascending, `draft_to_target[i]` = the
     /// target id of draft id `i`).
     pub fn new(target_logits: Tensor<3>, loss_mask: Tensor<2>, draft_to_target: &[u32]) -> Self {
-        let [b, s, vocab] = target_logits.dims();
-        let device = target_logits.device();
-        let dv = draft_to_target.len();
-        let index = id_tensor(draft_to_target, &device);
-        let restricted = target_logits.clone().select(2, index);
+        let vocab = target_logits.dims()[2];
+        Self::from_reduced(
+            ReducedLogits::new(target_logits, draft_to_target),
+            loss_mask,
+            draft_to_target,
+            vocab,
+        )
+    }
+
+    /// From what [`ReducedLogits`] keeps of the target's logits (the same tensors as
+    /// [`new`](Self::new) from the full logits), the loss mask and the draft vocabulary's
+    /// target ids, of a target vocabulary of `target_vocab` tokens.
+    pub fn from_reduced(
+        reduced: ReducedLogits,
+        loss_mask: Tensor<2>,
+        draft_to_target: &[u32],
+        target_vocab: usize,
+    ) -> Self {
+        let ReducedLogits {
+            restricted,
+            log_z,
+            target_ids,
+        } = reduced;
+        let [b, s, dv] = restricted.dims();
+        let device = restricted.device();
         let target_p = softmax(restricted.clone(), 2);
-        let log_z = log_sum_exp(target_logits.clone());
         let target_p_on_draft = (restricted - log_z.expand([b, s, dv])).exp();
-        let target_ids = target_logits.argmax(2).reshape([b, s]);
-        let mut in_draft = vec![0.0f32; vocab];
+        let mut in_draft = vec![0.0f32; target_vocab];
         for &t in draft_to_target {
             in_draft[t as usize] = 1.0;
         }
-        let in_draft =
-            Tensor::<1>::from_data(TensorData::new(in_draft, [vocab]), (&device, DType::F32));
+        let in_draft = Tensor::<1>::from_data(
+            TensorData::new(in_draft, [target_vocab]),
+            (&device, DType::F32),
+        );
         let position_mask = in_draft
             .select(0, target_ids.clone().reshape([b * s]))
             .reshape([b, s])

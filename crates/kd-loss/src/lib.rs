@@ -44,8 +44,8 @@ mod shift;
 pub use chunked::{CHUNK_ELEMENTS, chunk_rows, linear_cross_entropy_chunked, linear_kd_chunked};
 pub use config::{KdConfig, KdObjective, SparseStudent};
 pub use eagle3::{
-    TTT_DECAY, TttStepCounts, TttTargets, ttt_acceptance_rate, ttt_loss, ttt_step_counts,
-    ttt_step_loss,
+    ReducedLogits, TTT_DECAY, TttStepCounts, TttTargets, ttt_acceptance_rate, ttt_loss,
+    ttt_step_counts, ttt_step_loss,
 };
 pub use error::{LossError, Result};
 pub use fused::f32_view;

@@ -183,6 +183,10 @@ pub struct SpeculatorConfig {
     /// norm of ones, SpecForge's; `target`: the target's LM head rows of the draft vocabulary
     /// and its final norm, as vLLM's `speculators` starts its `lm_head`).
     pub draft_head_init: DraftHeadInit,
+    /// EAGLE-3: memory, in MiB, for what the target gives each training row (its features and
+    /// logits of the draft vocabulary), so that later epochs skip the target's forward pass;
+    /// rows beyond it run through the target every epoch (0: every row, every epoch).
+    pub target_cache_mb: usize,
 }
 
 /// How a fresh EAGLE-3 draft's output layer (`norm`, `lm_head`) starts.
@@ -311,6 +315,7 @@ impl Default for SpeculatorConfig {
             ttt_length: 7,
             aux_layers: Vec::new(),
             draft_head_init: DraftHeadInit::Random,
+            target_cache_mb: 4096,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Training EAGLE-3 drafts with the generic trainer: the draft as a [`Trainable`] model, and
-//! the TTT loss over the target's features, computed online per micro-batch (the target runs
-//! without gradients on each batch; nothing is cached on disk).
+//! the TTT loss over the target's features. The target runs without gradients on a row the
+//! first time the row is seen; what the loss reads of it (the three layers' features, the
+//! logits of the draft vocabulary, the log-normaliser and the argmax) is kept in memory up to
+//! a budget ([`TargetCache`]), so that later epochs skip the target. Nothing goes to disk.
 //!
 //! Alignment follows SpecForge's target head: the target runs over the unshifted tokens; the
 //! draft's position `t` reads the target's features at `t` and the embedding of token `t + 1`,
@@ -10,14 +12,17 @@
 //! label-token count) rather than SpecForge's `batch · seq`, so that gradient accumulation and
 //! micro-batch sizes do not change the objective.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use kd_data::{Batch, Example};
 use kd_eval::Drafter;
 use kd_lora::derive_seed;
-use kd_loss::{TTT_DECAY, TttTargets, ttt_step_counts, ttt_step_loss};
+use kd_loss::{ReducedLogits, TTT_DECAY, TttTargets, ttt_step_counts, ttt_step_loss};
+use kd_model::generate::to_host;
 use kd_model::{DraftVocab, Eagle3Config, Eagle3Draft, ForwardOptions, HiddenStates, Llama};
 use kd_train::{
     StepLoss, StepLossFn, TrainConfig, TrainError, TrainMode, Trainable, Trainer, token_batch,
@@ -125,7 +130,8 @@ const STEP_ACC: [&str; 16] = step_names!("_acc");
 /// See [`STEP_ACC`].
 const STEP_ALPHA: [&str; 16] = step_names!("_alpha");
 
-/// The TTT loss of an EAGLE-3 draft against a target run online.
+/// The TTT loss of an EAGLE-3 draft against a target run online, once per distinct row while
+/// its [`TargetCache`] has room.
 pub struct Eagle3Loss<'a> {
     /// The target (inference only).
     pub target: &'a Llama,
@@ -133,6 +139,163 @@ pub struct Eagle3Loss<'a> {
     pub layers: [usize; 3],
     /// TTT steps per position (SpecForge's default 7).
     pub ttt_length: usize,
+    /// What the target gave each row already ([`TargetCache::new`]`(0)` keeps nothing).
+    pub cache: TargetCache,
+}
+
+/// What the loss reads of the target for one row, at its real positions in order: the
+/// features (`[n, 3·d]`), the logits of the draft vocabulary (`[n, draft_vocab]`), the
+/// log-normaliser over the target's vocabulary and the argmax (`[n]` each).
+#[derive(Debug)]
+struct RowTargets {
+    features: Vec<f32>,
+    restricted: Vec<f32>,
+    log_z: Vec<f32>,
+    argmax: Vec<i64>,
+}
+
+impl RowTargets {
+    fn bytes(&self) -> usize {
+        4 * (self.features.len() + self.restricted.len() + self.log_z.len()) + 8 * self.argmax.len()
+    }
+}
+
+/// The target's outputs for the rows of EAGLE-3 training, kept in memory so that each distinct
+/// row runs through the target once, not once per epoch (the target's forward pass is most of
+/// a training step on the CPU). Rows are keyed by their contents (tokens, positions and
+/// packed sequences): a kept row is what the target computed for those tokens. Once `budget`
+/// bytes are held, further rows are computed on every visit and not kept. Training with it
+/// ends with the bytes of training without it (tested).
+#[derive(Default)]
+pub struct TargetCache {
+    budget: usize,
+    state: Mutex<CacheState>,
+}
+
+impl std::fmt::Debug for TargetCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetCache")
+            .field("budget", &self.budget)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct CacheState {
+    bytes: usize,
+    rows: HashMap<Vec<u32>, Arc<RowTargets>>,
+    full: bool,
+    hits: usize,
+    misses: usize,
+}
+
+/// What a [`TargetCache`] holds and how often it was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Rows held.
+    pub rows: usize,
+    /// Bytes held (the rows' targets and keys).
+    pub bytes: usize,
+    /// Rows read back instead of running the target.
+    pub hits: usize,
+    /// Rows the target ran on.
+    pub misses: usize,
+}
+
+impl TargetCache {
+    /// A cache holding at most `budget` bytes (0: nothing is kept; the target runs on every
+    /// micro-batch).
+    pub fn new(budget: usize) -> Self {
+        Self {
+            budget,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Bytes kept per real token position: three features of width `target_hidden`, a logit
+    /// per draft-vocabulary token, the log-normaliser (f32 each) and the argmax (i64).
+    pub fn bytes_per_position(target_hidden: usize, draft_vocab: usize) -> usize {
+        4 * (3 * target_hidden + draft_vocab + 1) + 8
+    }
+
+    /// What is held, and how often rows were read back or computed.
+    pub fn stats(&self) -> CacheStats {
+        let state = self.lock();
+        CacheStats {
+            rows: state.rows.len(),
+            bytes: state.bytes,
+            hits: state.hits,
+            misses: state.misses,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        // A panic while holding the lock leaves whole entries only: the map stays usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, key: &[u32]) -> Option<Arc<RowTargets>> {
+        let mut state = self.lock();
+        let row = state.rows.get(key).cloned();
+        match row {
+            Some(_) => state.hits += 1,
+            None => state.misses += 1,
+        }
+        row
+    }
+
+    fn insert(&self, key: Vec<u32>, row: Arc<RowTargets>) {
+        let mut state = self.lock();
+        let bytes = row.bytes() + 4 * key.len();
+        if state.bytes + bytes > self.budget {
+            if !state.full && self.budget > 0 {
+                tracing::info!(
+                    held_mb = state.bytes as f64 / 1e6,
+                    rows = state.rows.len(),
+                    "EAGLE-3 target cache full: further rows run through the target every epoch"
+                );
+            }
+            state.full = true;
+            return;
+        }
+        state.bytes += bytes;
+        state.rows.insert(key, row);
+    }
+}
+
+/// The real positions of row `r` (where the attention mask is set), in order.
+fn real_positions(batch: &Batch, r: usize) -> Vec<usize> {
+    let s = batch.seq_len;
+    (0..s).filter(|t| batch.attention_mask[r * s + t]).collect()
+}
+
+/// What the target computes for a row depends on its real tokens, their positions and their
+/// packed sequences: the row's key.
+fn row_key(batch: &Batch, r: usize, real: &[usize]) -> Vec<u32> {
+    let at = |t: usize| r * batch.seq_len + t;
+    let mut key = Vec::with_capacity(3 * real.len());
+    key.extend(real.iter().map(|&t| batch.input_ids[at(t)]));
+    key.extend(real.iter().map(|&t| batch.position_ids[at(t)] as u32));
+    key.extend(real.iter().map(|&t| batch.sequence_ids[at(t)]));
+    key
+}
+
+/// Row `r` of `batch` alone, its real positions `real` only (no padding).
+fn row_batch(batch: &Batch, r: usize, real: &[usize]) -> Batch {
+    let at = |t: &usize| r * batch.seq_len + t;
+    Batch {
+        batch_size: 1,
+        seq_len: real.len(),
+        input_ids: real.iter().map(|t| batch.input_ids[at(t)]).collect(),
+        attention_mask: vec![true; real.len()],
+        labels: real.iter().map(|t| batch.labels[at(t)]).collect(),
+        position_ids: real.iter().map(|t| batch.position_ids[at(t)]).collect(),
+        sequence_ids: real.iter().map(|t| batch.sequence_ids[at(t)]).collect(),
+        examples: vec![batch.examples[r].clone()],
+    }
 }
 
 /// What one micro-batch's target pass gives the draft.
@@ -143,16 +306,12 @@ struct TargetPass {
 }
 
 impl Eagle3Loss<'_> {
-    fn target_pass(
-        &self,
-        batch: &Batch,
-        draft: &Eagle3Draft,
-        device: &Device,
-    ) -> kd_train::Result<TargetPass> {
-        let (b, s) = (batch.batch_size, batch.seq_len);
-        let tb = token_batch(batch)?;
+    /// The target over one row alone (a batch of one, no padding), so that what it gives a
+    /// row does not depend on the rows it was batched with: a kept row and a recomputed one
+    /// are the same bits, and a resumed run trains on what an uninterrupted one did.
+    fn run_row(&self, row: &Batch, draft: &Eagle3Draft) -> kd_train::Result<RowTargets> {
         let out = self.target.forward(
-            &tb,
+            &token_batch(row)?,
             &ForwardOptions {
                 hidden_states: HiddenStates::Layers(self.layers.to_vec()),
                 ..ForwardOptions::default()
@@ -162,36 +321,91 @@ impl Eagle3Loss<'_> {
             out.hidden_states.iter().map(|(_, h)| h.clone()).collect(),
             2,
         );
-        let logits = out.into_logits()?;
-        let vocab = logits.dims()[2];
-        let target_device = logits.device();
-        // Shift left by one: row t holds the target's distribution at t + 1, the last row zeros.
-        let shifted = Tensor::cat(
-            vec![
-                logits.slice([0..b, 1..s, 0..vocab]),
-                Tensor::<3>::zeros([b, 1, vocab], (&target_device, DType::F32)),
-            ],
-            1,
-        );
+        let reduced = ReducedLogits::new(out.into_logits()?, draft.vocab().target_ids());
+        Ok(RowTargets {
+            features: to_host(features),
+            restricted: to_host(reduced.restricted),
+            log_z: to_host(reduced.log_z),
+            argmax: reduced
+                .target_ids
+                .into_data()
+                .convert::<i64>()
+                .try_into_vec::<i64>()
+                .expect("converted to i64"),
+        })
+    }
+
+    fn target_pass(
+        &self,
+        batch: &Batch,
+        draft: &Eagle3Draft,
+        device: &Device,
+    ) -> kd_train::Result<TargetPass> {
+        let (b, s) = (batch.batch_size, batch.seq_len);
+        let real: Vec<Vec<usize>> = (0..b).map(|r| real_positions(batch, r)).collect();
+        let keys: Vec<Vec<u32>> = (0..b).map(|r| row_key(batch, r, &real[r])).collect();
+        let mut rows = Vec::with_capacity(b);
+        for (r, key) in keys.into_iter().enumerate() {
+            let row = match self.cache.get(&key) {
+                Some(row) => row,
+                None => {
+                    let row = Arc::new(self.run_row(&row_batch(batch, r, &real[r]), draft)?);
+                    self.cache.insert(key, row.clone());
+                    row
+                }
+            };
+            rows.push(row);
+        }
+        let f = 3 * self.target.config().hidden_size;
+        let dv = draft.vocab().len();
+        let vocab = self.target.config().vocab_size;
+        // Position t reads the features at t and the target's distribution at t + 1 (SpecForge's
+        // shift); positions without one (padding, each row's last) get zero logits, as the
+        // shifted-in row of zeros had, and zero features: the loss masks them, and under
+        // causal attention no counted position reads them.
+        let mut features = vec![0f32; b * s * f];
+        let mut restricted = vec![0f32; b * s * dv];
+        let mut log_z = vec![(vocab as f32).ln(); b * s];
+        let mut argmax = vec![0i64; b * s];
         let mut ids = vec![0i64; b * s];
         let mut mask = vec![0f32; b * s];
-        for row in 0..b {
+        for (r, (row, positions)) in rows.iter().zip(&real).enumerate() {
+            let mut rank = vec![None; s];
+            for (j, &t) in positions.iter().enumerate() {
+                rank[t] = Some(j);
+                let i = r * s + t;
+                features[i * f..(i + 1) * f].copy_from_slice(&row.features[j * f..(j + 1) * f]);
+            }
             for t in 0..s - 1 {
-                let next = row * s + t + 1;
-                ids[row * s + t] = batch.input_ids[next] as i64;
-                mask[row * s + t] =
-                    (batch.labels[next] >= 0 && batch.attention_mask[next]) as u8 as f32;
+                let (i, next) = (r * s + t, r * s + t + 1);
+                ids[i] = batch.input_ids[next] as i64;
+                mask[i] = (batch.labels[next] >= 0 && batch.attention_mask[next]) as u8 as f32;
+                if let Some(j) = rank[t + 1] {
+                    restricted[i * dv..(i + 1) * dv]
+                        .copy_from_slice(&row.restricted[j * dv..(j + 1) * dv]);
+                    log_z[i] = row.log_z[j];
+                    argmax[i] = row.argmax[j];
+                }
             }
         }
-        let mask_t =
-            Tensor::<2>::from_data(TensorData::new(mask, [b, s]), (&target_device, DType::F32));
-        let targets = TttTargets::new(shifted, mask_t, draft.vocab().target_ids());
-        // To the draft's device (small: the draft vocabulary, not the target's).
+        // The targets are made on the target's device (plain, not autodiff, whose softmax
+        // differs in the last bits), then moved to the draft's, as before the cache.
+        let at = &self.target.embed_tokens.weight.lazy_device();
+        let f32s = |v: Vec<f32>, shape: Vec<usize>, device: &Device| {
+            Tensor::<3>::from_data(TensorData::new(v, shape), (device, DType::F32))
+        };
+        let reduced = ReducedLogits {
+            restricted: f32s(restricted, vec![b, s, dv], at),
+            log_z: f32s(log_z, vec![b, s, 1], at),
+            target_ids: Tensor::from_data(TensorData::new(argmax, [b, s]), at),
+        };
+        let mask = Tensor::<2>::from_data(TensorData::new(mask, [b, s]), (at, DType::F32));
+        let targets = TttTargets::from_reduced(reduced, mask, draft.vocab().target_ids(), vocab);
         let move3 = |t: Tensor<3>| Tensor::<3>::from_data(t.into_data(), device);
         let move2 = |t: Tensor<2>| Tensor::<2>::from_data(t.into_data(), device);
         Ok(TargetPass {
             ids: Tensor::from_data(TensorData::new(ids, [b, s]), device),
-            features: move3(features),
+            features: f32s(features, vec![b, s, f], device),
             targets: TttTargets {
                 target_p: move3(targets.target_p),
                 target_p_on_draft: move3(targets.target_p_on_draft),
@@ -329,6 +543,7 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
         target,
         layers,
         ttt_length: config.ttt_length,
+        cache: TargetCache::new(config.target_cache_mb.saturating_mul(1 << 20)),
     };
     let base = CheckpointDraft::Eagle3(Box::new(Eagle3Source {
         embedding,

@@ -352,7 +352,19 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
             }
         },
     };
-    let bytes_per_token = 3 * d * 4;
+    let bytes_per_token = crate::eagle3::TargetCache::bytes_per_position(d, size);
+    let kept = if config.target_cache_mb == 0 {
+        "run through the target on every micro-batch (--target_cache_mb 0)".to_string()
+    } else {
+        format!(
+            "computed by the target once per training row and kept in memory, {:.1} KB per \
+             token position, up to --target_cache_mb {} MiB (about {} positions; rows beyond \
+             it run through the target every epoch)",
+            bytes_per_token as f64 / 1e3,
+            config.target_cache_mb,
+            (config.target_cache_mb << 20) / bytes_per_token
+        )
+    };
     vec![
         (
             "draft".into(),
@@ -368,10 +380,9 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
         (
             "features".into(),
             format!(
-                "the target's hidden states {layers:?} (of 0..={}), computed online on every \
-                 micro-batch: nothing on disk (a cache would take {:.1} KB per token in f32)",
+                "the target's hidden states {layers:?} (of 0..={}) and its logits of the draft \
+                 vocabulary: {kept}; nothing on disk",
                 target.num_hidden_layers,
-                bytes_per_token as f64 / 1e3
             ),
         ),
         (

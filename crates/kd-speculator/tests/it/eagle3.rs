@@ -6,7 +6,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use kd_data::Example;
 use kd_model::{Eagle3Config, Eagle3Draft, Llama, eagle3::DraftKvCache, parse_device};
 use kd_speculator::eagle3::{
-    Eagle3Loss, Eagle3Model, default_feature_layers, draft_vocab_from_examples,
+    CacheStats, Eagle3Loss, Eagle3Model, TargetCache, default_feature_layers,
+    draft_vocab_from_examples,
 };
 use kd_train::{LogRecord, TrainConfig, TrainMode, TrainObserver, Trainer};
 
@@ -48,6 +49,81 @@ fn ttt_training_lowers_the_loss_and_checkpoints_reload() {
     train_and_decode("demo/target", 20, 0.5);
 }
 
+/// The target's outputs kept between epochs change nothing in what is trained: three epochs
+/// with every row kept, with none, and with a budget for some, end with the same weights bit
+/// for bit; the full cache ran the target once per row and read the rows back after that.
+#[test]
+fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
+    let device = parse_device("cpu").unwrap();
+    let target = Llama::load(fixtures().join("demo/target"), &device).unwrap();
+    let tc = target.config().clone();
+    let examples = examples(tc.vocab_size as u32);
+    let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 64).unwrap();
+    let layers = default_feature_layers(tc.num_hidden_layers);
+    let per_position = TargetCache::bytes_per_position(tc.hidden_size, 64);
+    let positions: usize = examples.iter().map(|e| e.input_ids.len()).sum();
+    let train = |budget: usize| {
+        device.seed(11);
+        let draft = Eagle3Draft::new(
+            Eagle3Config::for_target(&tc, 64).unwrap(),
+            vocab.clone(),
+            target.embed_tokens.weight.val(),
+            &device,
+        )
+        .unwrap();
+        let loss = Eagle3Loss {
+            target: &target,
+            layers,
+            ttt_length: 3,
+            cache: TargetCache::new(budget),
+        };
+        let out = tempfile::tempdir().unwrap();
+        let train = TrainConfig {
+            output_dir: out.path().to_path_buf(),
+            mode: TrainMode::Full,
+            num_epochs: 3,
+            learning_rate: 3e-3,
+            train_batch_size: 8,
+            save_steps: 0,
+            ..TrainConfig::default()
+        };
+        let (trained, _) = Trainer::new(train, &loss)
+            .run(Eagle3Model { draft }, &examples)
+            .unwrap();
+        (trained.draft.named_tensors(), loss.cache.stats())
+    };
+    let (kept, all) = train(1 << 30);
+    let rows = examples.len();
+    assert_eq!((all.rows, all.misses, all.hits), (rows, rows, 2 * rows));
+    // The targets and the keys (three numbers per position).
+    assert_eq!(all.bytes, positions * (per_position + 12));
+    let (computed, none) = train(0);
+    assert_eq!(
+        none,
+        CacheStats {
+            rows: 0,
+            bytes: 0,
+            hits: 0,
+            misses: 3 * rows
+        }
+    );
+    let budget = all.bytes / 2;
+    let (part_kept, part) = train(budget);
+    assert!(
+        part.rows > 0 && part.rows < rows && part.bytes <= budget,
+        "{part:?}"
+    );
+    assert_eq!(part.hits, 2 * part.rows);
+    assert_eq!(part.hits + part.misses, 3 * rows);
+    for (name, want) in &computed {
+        assert_eq!(
+            &kept[name], want,
+            "{name}: kept rows vs the target every epoch"
+        );
+        assert_eq!(&part_kept[name], want, "{name}: some rows kept");
+    }
+}
+
 #[test]
 fn a_qwen_target_gets_a_llama_shaped_draft() {
     // tiny-qwen2 (q/k/v biases, θ 1e6): the draft layer stays Llama-shaped, as SpecForge's
@@ -83,6 +159,7 @@ fn train_and_decode(target_dir: &str, epochs: usize, ratio: f64) {
         target: &target,
         layers,
         ttt_length: 3,
+        cache: TargetCache::new(1 << 30),
     };
     let out = tempfile::tempdir().unwrap();
     let train = TrainConfig {
