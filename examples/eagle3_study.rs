@@ -402,7 +402,7 @@ fn train_draft(
         target,
         layers,
         ttt_length: args.ttt_length,
-        cache: TargetCache::new(args.target_cache_mb << 20),
+        cache: TargetCache::new(args.target_cache_mb.saturating_mul(1 << 20)),
     };
     let train_config = TrainConfig {
         output_dir: args.out.join("train"),

@@ -82,6 +82,10 @@ impl TttTargets {
     /// From what [`ReducedLogits`] keeps of the target's logits (the same tensors as
     /// [`new`](Self::new) from the full logits), the loss mask and the draft vocabulary's
     /// target ids, of a target vocabulary of `target_vocab` tokens.
+    ///
+    /// # Panics
+    ///
+    /// If a target id (of the draft vocabulary or an argmax) is not below `target_vocab`.
     pub fn from_reduced(
         reduced: ReducedLogits,
         loss_mask: Tensor<2>,

@@ -362,7 +362,7 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
              it run through the target every epoch)",
             bytes_per_token as f64 / 1e3,
             config.target_cache_mb,
-            (config.target_cache_mb << 20) / bytes_per_token
+            config.target_cache_mb.saturating_mul(1 << 20) / bytes_per_token
         )
     };
     vec![

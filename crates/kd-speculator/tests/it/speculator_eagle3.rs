@@ -341,3 +341,38 @@ fn eagle3_settings_that_cannot_apply_are_refused_by_name() {
     // Nothing was written by the refused runs.
     assert!(!out.join("teacher_cache").exists());
 }
+
+#[test]
+fn the_dry_run_states_what_the_target_cache_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = small_eagle3(&dir.path().join("run"));
+    let features = |config: &SpeculatorConfig| {
+        let plan = kd_speculator::plan(config).unwrap();
+        let (_, line) = plan
+            .items
+            .into_iter()
+            .find(|(k, _)| k == "features")
+            .expect("a features line");
+        line
+    };
+    let target = kd_model::LlamaConfig::from_file(demo().join("target/config.json")).unwrap();
+    // Three features of the target's width, 256 draft logits, the normaliser, the argmax.
+    let per_position = 4 * (3 * target.hidden_size + 256 + 1) + 8;
+    let line = features(&config);
+    assert!(
+        line.contains(&format!(
+            "{:.1} KB per token position",
+            per_position as f64 / 1e3
+        )) && line.contains("--target_cache_mb 4096 MiB")
+            && line.contains(&format!(
+                "about {} positions",
+                (4096usize << 20) / per_position
+            )),
+        "{line}"
+    );
+    let off = features(&SpeculatorConfig {
+        target_cache_mb: 0,
+        ..config
+    });
+    assert!(off.contains("on every micro-batch"), "{off}");
+}
