@@ -10,7 +10,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use kd_model::{DraftVocab, Eagle3Draft};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::util::{cpu, fixtures};
+use crate::util::{avx2, cpu, fixtures};
 
 /// Values of a safetensors file as f64 (floats, ints and bools alike), with shapes.
 fn read(name: &str) -> HashMap<String, (Vec<usize>, Vec<f64>)> {
@@ -299,7 +299,7 @@ fn decoding_reads_the_q8_0_weights_and_step_0_matches_specforge() {
         *p = burn::module::Param::from_tensor(q8_0_values(p.val()));
     }
     let (q_hidden, q_logits) = decode(&q8);
-    if kd_kernels::cpu::level() < kd_kernels::cpu::SimdLevel::Avx2 {
+    if !avx2() {
         // Below AVX2 (`KD_SIMD=scalar`) the blocks stand down: the f32 weights are read.
         assert_eq!((q_hidden, q_logits), (hidden, logits));
         return;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use kd_model::{Llama, LlamaConfig, ModelError, RopeScaling, TokenBatch};
 
-use crate::util::{Reference, cpu, fixtures, golden, to_vec};
+use crate::util::{Reference, avx2, cpu, fixtures, golden, to_vec};
 
 fn tiny_gguf() -> PathBuf {
     fixtures().join("tiny-gguf/tiny.gguf")
@@ -465,7 +465,7 @@ fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
         Llama::load(smollm2(), &dev).unwrap().f32_copies_made(),
         None
     );
-    let host = kd_kernels::cpu::level() >= kd_kernels::cpu::SimdLevel::Avx2;
+    let host = avx2();
     let g = json("smollm2-logits.json");
     let reference = Reference::load("gguf-smollm2");
     let v = lean.config().vocab_size;
@@ -588,10 +588,4 @@ fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
         lean.f32_copies_made().unwrap().0
     };
     assert_eq!(lean.f32_copies_made(), Some((made, 211)));
-}
-
-/// Whether the packed kernels (Q8_0 blocks, 8-bit activations) run at the level in use;
-/// below AVX2 (`KD_SIMD=scalar`) they stand down and decoding reads f32 weights.
-fn avx2() -> bool {
-    kd_kernels::cpu::level() >= kd_kernels::cpu::SimdLevel::Avx2
 }

@@ -7,7 +7,7 @@
 use kd_gguf::{GgmlType, GgufWriter, Value};
 use kd_model::{ForwardOptions, GenerateOptions, Llama, SeededPrompt, TokenBatch};
 
-use crate::util::{cpu, lcg, to_vec};
+use crate::util::{avx2, cpu, lcg, to_vec};
 
 const HIDDEN: usize = 256;
 const FFN: usize = 512;
@@ -110,7 +110,7 @@ fn a_k_quant_and_q5_model_decodes_lean_from_its_blocks() {
     let eager = Llama::load(&path, &dev).unwrap();
     // Built at every level; below AVX2 a pass does not use them (the logits below agree).
     assert!(lean.host_layers());
-    let host = kd_kernels::cpu::level() >= kd_kernels::cpu::SimdLevel::Avx2;
+    let host = avx2();
     let ids: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % VOCAB as u32).collect();
     let logits = |m: &Llama| {
         let mut cache = m.new_cache();

@@ -231,3 +231,10 @@ pub fn lcg(seed: u64) -> impl FnMut() -> u32 {
         (state >> 33) as u32
     }
 }
+
+/// Whether the packed kernels (GGUF blocks, Q8_0 blocks made at load, 8-bit activations, host
+/// layers) run at the level in use; below AVX2 (`KD_SIMD=scalar`) they stand down and
+/// decoding reads f32 weights.
+pub fn avx2() -> bool {
+    kd_kernels::cpu::level() >= kd_kernels::cpu::SimdLevel::Avx2
+}
