@@ -184,7 +184,7 @@ pub struct SpeculatorConfig {
     /// and its final norm, as vLLM's `speculators` starts its `lm_head`).
     pub draft_head_init: DraftHeadInit,
     /// EAGLE-3: memory, in MiB, for what the target gives each training row (its features and
-    /// logits of the draft vocabulary), so that later epochs skip the target's forward pass;
+    /// final hidden state), so that later epochs skip the target's forward pass;
     /// rows beyond it run through the target every epoch (0: every row, every epoch).
     pub target_cache_mb: usize,
 }

@@ -1,8 +1,11 @@
 //! Training EAGLE-3 drafts with the generic trainer: the draft as a [`Trainable`] model, and
 //! the TTT loss over the target's features. The target runs without gradients on a row the
 //! first time the row is seen; what the loss reads of it (the three layers' features, the
-//! logits of the draft vocabulary, the log-normaliser and the argmax) is kept in memory up to
-//! a budget ([`TargetCache`]), so that later epochs skip the target. Nothing goes to disk.
+//! final normed hidden state, the log-normaliser and the argmax) is kept in memory up to a
+//! budget ([`TargetCache`]), so that later epochs skip the target. The logits of the draft
+//! vocabulary are made again from the final hidden state on every step (the target's LM head
+//! rows of the draft vocabulary): a quarter of the memory a kept logit row would take at
+//! SmolLM2's size. Nothing goes to disk.
 //!
 //! Alignment follows SpecForge's target head: the target runs over the unshifted tokens; the
 //! draft's position `t` reads the target's features at `t` and the embedding of token `t + 1`,
@@ -144,19 +147,19 @@ pub struct Eagle3Loss<'a> {
 }
 
 /// What the loss reads of the target for one row, at its real positions in order: the
-/// features (`[n, 3·d]`), the logits of the draft vocabulary (`[n, draft_vocab]`), the
-/// log-normaliser over the target's vocabulary and the argmax (`[n]` each).
+/// features (`[n, 3·d]`), the final normed hidden state (`[n, d]`, what the target's LM head
+/// reads), the log-normaliser over the target's vocabulary and the argmax (`[n]` each).
 #[derive(Debug)]
 struct RowTargets {
     features: Vec<f32>,
-    restricted: Vec<f32>,
+    last: Vec<f32>,
     log_z: Vec<f32>,
     argmax: Vec<i64>,
 }
 
 impl RowTargets {
     fn bytes(&self) -> usize {
-        4 * (self.features.len() + self.restricted.len() + self.log_z.len()) + 8 * self.argmax.len()
+        4 * (self.features.len() + self.last.len() + self.log_z.len()) + 8 * self.argmax.len()
     }
 }
 
@@ -170,6 +173,9 @@ impl RowTargets {
 pub struct TargetCache {
     budget: usize,
     state: Mutex<CacheState>,
+    /// The target's LM head rows of the draft vocabulary, transposed (`[d, draft_vocab]`),
+    /// on the target's device, with the vocabulary's target ids they were made for.
+    head: Mutex<Option<(Vec<u32>, Tensor<2>)>>,
 }
 
 impl std::fmt::Debug for TargetCache {
@@ -210,13 +216,37 @@ impl TargetCache {
         Self {
             budget,
             state: Mutex::default(),
+            head: Mutex::default(),
         }
     }
 
-    /// Bytes kept per real token position: three features of width `target_hidden`, a logit
-    /// per draft-vocabulary token, the log-normaliser (f32 each) and the argmax (i64).
-    pub fn bytes_per_position(target_hidden: usize, draft_vocab: usize) -> usize {
-        4 * (3 * target_hidden + draft_vocab + 1) + 8
+    /// Bytes kept per real token position: three features and the final hidden state, of
+    /// width `target_hidden` each, the log-normaliser (f32 each) and the argmax (i64). The
+    /// logits of the draft vocabulary are not kept (they are made again on each step), so the
+    /// draft vocabulary's size does not count.
+    pub fn bytes_per_position(target_hidden: usize) -> usize {
+        4 * (4 * target_hidden + 1) + 8
+    }
+
+    /// The target's LM head rows of `vocab`'s tokens, transposed, made once per vocabulary.
+    fn head(&self, target: &Llama, vocab: &DraftVocab) -> Tensor<2> {
+        let mut head = self
+            .head
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match head.as_ref() {
+            Some((ids, w)) if ids.as_slice() == vocab.target_ids() => w.clone(),
+            _ => {
+                let rows: Vec<usize> = vocab.target_ids().iter().map(|&t| t as usize).collect();
+                let w = Tensor::<2>::from_data(
+                    target.lm_head_rows(&rows),
+                    (&target.embed_tokens.weight.lazy_device(), DType::F32),
+                )
+                .transpose();
+                *head = Some((vocab.target_ids().to_vec(), w.clone()));
+                w
+            }
+        }
     }
 
     /// What is held, and how often rows were read back or computed.
@@ -310,13 +340,21 @@ impl Eagle3Loss<'_> {
     /// row does not depend on the rows it was batched with: a kept row and a recomputed one
     /// are the same bits, and a resumed run trains on what an uninterrupted one did.
     fn run_row(&self, row: &Batch, draft: &Eagle3Draft) -> kd_train::Result<RowTargets> {
-        let out = self.target.forward(
+        // The three layers, then the final normed hidden state (index L, HF's last entry).
+        let mut layers = self.layers.to_vec();
+        layers.push(self.target.config().num_hidden_layers);
+        let mut out = self.target.forward(
             &token_batch(row)?,
             &ForwardOptions {
-                hidden_states: HiddenStates::Layers(self.layers.to_vec()),
+                hidden_states: HiddenStates::Layers(layers),
                 ..ForwardOptions::default()
             },
         )?;
+        let last = out
+            .hidden_states
+            .pop()
+            .expect("the final hidden state was asked for")
+            .1;
         let features = Tensor::cat(
             out.hidden_states.iter().map(|(_, h)| h.clone()).collect(),
             2,
@@ -324,7 +362,7 @@ impl Eagle3Loss<'_> {
         let reduced = ReducedLogits::new(out.into_logits()?, draft.vocab().target_ids());
         Ok(RowTargets {
             features: to_host(features),
-            restricted: to_host(reduced.restricted),
+            last: to_host(last),
             log_z: to_host(reduced.log_z),
             argmax: reduced
                 .target_ids
@@ -356,15 +394,16 @@ impl Eagle3Loss<'_> {
             };
             rows.push(row);
         }
-        let f = 3 * self.target.config().hidden_size;
+        let d = self.target.config().hidden_size;
+        let f = 3 * d;
         let dv = draft.vocab().len();
         let vocab = self.target.config().vocab_size;
         // Position t reads the features at t and the target's distribution at t + 1 (SpecForge's
-        // shift); positions without one (padding, each row's last) get zero logits, as the
-        // shifted-in row of zeros had, and zero features: the loss masks them, and under
-        // causal attention no counted position reads them.
+        // shift); positions without one (padding, each row's last) get a zero hidden state, so
+        // zero logits, as the shifted-in row of zeros had, and zero features: the loss masks
+        // them, and under causal attention no counted position reads them.
         let mut features = vec![0f32; b * s * f];
-        let mut restricted = vec![0f32; b * s * dv];
+        let mut last = vec![0f32; b * s * d];
         let mut log_z = vec![(vocab as f32).ln(); b * s];
         let mut argmax = vec![0i64; b * s];
         let mut ids = vec![0i64; b * s];
@@ -381,8 +420,7 @@ impl Eagle3Loss<'_> {
                 ids[i] = batch.input_ids[next] as i64;
                 mask[i] = (batch.labels[next] >= 0 && batch.attention_mask[next]) as u8 as f32;
                 if let Some(j) = rank[t + 1] {
-                    restricted[i * dv..(i + 1) * dv]
-                        .copy_from_slice(&row.restricted[j * dv..(j + 1) * dv]);
+                    last[i * d..(i + 1) * d].copy_from_slice(&row.last[j * d..(j + 1) * d]);
                     log_z[i] = row.log_z[j];
                     argmax[i] = row.argmax[j];
                 }
@@ -394,8 +432,15 @@ impl Eagle3Loss<'_> {
         let f32s = |v: Vec<f32>, shape: Vec<usize>, device: &Device| {
             Tensor::<3>::from_data(TensorData::new(v, shape), (device, DType::F32))
         };
+        // The logits of the draft vocabulary: the final hidden states through the target's LM
+        // head rows of those tokens. Whether a row was kept or computed, the same bits go in.
+        let head = self.cache.head(self.target, draft.vocab());
+        let restricted =
+            Tensor::<2>::from_data(TensorData::new(last, [b * s, d]), (at, DType::F32))
+                .matmul(head)
+                .reshape([b, s, dv]);
         let reduced = ReducedLogits {
-            restricted: f32s(restricted, vec![b, s, dv], at),
+            restricted,
             log_z: f32s(log_z, vec![b, s, 1], at),
             target_ids: Tensor::from_data(TensorData::new(argmax, [b, s]), at),
         };

@@ -352,7 +352,7 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
             }
         },
     };
-    let bytes_per_token = crate::eagle3::TargetCache::bytes_per_position(d, size);
+    let bytes_per_token = crate::eagle3::TargetCache::bytes_per_position(d);
     let kept = if config.target_cache_mb == 0 {
         "run through the target on every micro-batch (--target_cache_mb 0)".to_string()
     } else {

@@ -247,8 +247,9 @@ pub struct TrainArgs {
     /// (the target's LM head rows of the draft vocabulary and its final norm).
     #[arg(long, default_value_t = name(d().draft_head_init), value_parser = ["random", "target"])]
     pub draft_head_init: String,
-    /// EAGLE-3: MiB of memory for the target's features and logits of each training row, so
-    /// that epochs after the first skip the target (0: run it on every micro-batch).
+    /// EAGLE-3: MiB of memory for the target's features and final hidden state of each
+    /// training row, so that epochs after the first skip the target (0: run it on every
+    /// micro-batch).
     #[arg(long, default_value_t = d().target_cache_mb)]
     pub target_cache_mb: usize,
 }

@@ -66,7 +66,10 @@ impl Llama {
 
     /// Rows `rows` of the LM head (the embedding's when tied) as f32 `[rows, hidden]`, read
     /// from a lean model's blocks when its f32 copy is not made (the values that copy holds).
-    pub(crate) fn lm_head_rows(&self, rows: &[usize]) -> TensorData {
+    ///
+    /// # Panics
+    /// If a row is not below the vocabulary size.
+    pub fn lm_head_rows(&self, rows: &[usize]) -> TensorData {
         if let Some(packed) = self.packed.as_ref()
             && let Some(head) = packed.head.as_ref()
             && !self.head_param().is_initialized()

@@ -60,7 +60,7 @@ fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
     let examples = examples(tc.vocab_size as u32);
     let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 64).unwrap();
     let layers = default_feature_layers(tc.num_hidden_layers);
-    let per_position = TargetCache::bytes_per_position(tc.hidden_size, 64);
+    let per_position = TargetCache::bytes_per_position(tc.hidden_size);
     let positions: usize = examples.iter().map(|e| e.input_ids.len()).sum();
     let train = |budget: usize| {
         device.seed(11);
@@ -121,6 +121,109 @@ fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
             "{name}: kept rows vs the target every epoch"
         );
         assert_eq!(&part_kept[name], want, "{name}: some rows kept");
+    }
+}
+
+/// The loss of a micro-batch is SpecForge's TTT loss against the target's own distribution:
+/// the logits of the draft vocabulary that training makes again from the target's final
+/// hidden state (rows kept or not) give the loss that the target's full logits give through
+/// `kd_loss::TttTargets::new` (checked against SpecForge's code in kd-loss).
+#[test]
+fn the_loss_reads_the_targets_own_distribution() {
+    use kd_loss::{TTT_DECAY, TttTargets, ttt_step_loss};
+    use kd_model::{ForwardOptions, HiddenStates};
+    use kd_train::StepLossFn;
+
+    let device = parse_device("cpu").unwrap();
+    let target = Llama::load(fixtures().join("demo/target"), &device).unwrap();
+    let tc = target.config().clone();
+    let examples = examples(tc.vocab_size as u32);
+    // The 16 most frequent completion tokens: target ids that are not 0..16.
+    let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 16).unwrap();
+    assert_ne!(vocab.target_ids(), (0..16).collect::<Vec<u32>>().as_slice());
+    let layers = default_feature_layers(tc.num_hidden_layers);
+    device.seed(5);
+    let draft = Eagle3Draft::new(
+        Eagle3Config::for_target(&tc, 16).unwrap(),
+        vocab.clone(),
+        target.embed_tokens.weight.val(),
+        &device,
+    )
+    .unwrap();
+    let ttt = 3;
+    let loss = Eagle3Loss {
+        target: &target,
+        layers,
+        ttt_length: ttt,
+        cache: TargetCache::new(1 << 30),
+    };
+    let model = Eagle3Model {
+        draft: draft.clone(),
+    };
+    for row in [5usize, 18] {
+        let batch = kd_data::collate(&examples, &[vec![row]], 0, 64);
+        let normalizer = batch.label_tokens() as f32;
+        // Computed, then read back from the cache: the same loss.
+        let got: Vec<f32> = (0..2)
+            .map(|_| {
+                let step = loss.loss(&model, &batch, normalizer, 0).unwrap();
+                step.total.into_scalar::<f32>()
+            })
+            .collect();
+        assert_eq!(got[0], got[1], "row {row}: kept vs computed");
+
+        let s = batch.seq_len;
+        let v = tc.vocab_size;
+        let out = target
+            .forward(
+                &kd_train::token_batch(&batch).unwrap(),
+                &ForwardOptions {
+                    hidden_states: HiddenStates::Layers(layers.to_vec()),
+                    ..ForwardOptions::default()
+                },
+            )
+            .unwrap();
+        let features = Tensor::cat(
+            out.hidden_states.iter().map(|(_, h)| h.clone()).collect(),
+            2,
+        );
+        // Position t learns the target's distribution at t + 1 (the last one: none, masked).
+        let logits = out.into_logits().unwrap();
+        let next = Tensor::cat(
+            vec![
+                logits.slice([0..1, 1..s]),
+                Tensor::<3>::zeros([1, 1, v], &device),
+            ],
+            1,
+        );
+        let shifted: Vec<i64> = (0..s)
+            .map(|t| batch.input_ids.get(t + 1).map_or(0, |&i| i as i64))
+            .collect();
+        let mask: Vec<f32> = (0..s)
+            .map(|t| f32::from(batch.labels.get(t + 1).is_some_and(|&l| l >= 0)))
+            .collect();
+        let targets = TttTargets::new(
+            next,
+            Tensor::<2>::from_data(TensorData::new(mask, [1, s]), &device),
+            vocab.target_ids(),
+        );
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(shifted, [1, s]), &device);
+        let want: f32 = draft
+            .unroll(ids, features, ttt)
+            .into_iter()
+            .enumerate()
+            .map(|(k, l)| {
+                ttt_step_loss(l, &targets.step(k)).into_scalar::<f32>()
+                    * TTT_DECAY.powi(k as i32) as f32
+                    * s as f32
+                    / normalizer
+            })
+            .sum();
+        assert!(
+            (got[0] - want).abs() <= 1e-5 * want.abs(),
+            "row {row}: the training loss {} against {want} from the target's logits",
+            got[0]
+        );
     }
 }
 

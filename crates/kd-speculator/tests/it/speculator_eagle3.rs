@@ -356,8 +356,9 @@ fn the_dry_run_states_what_the_target_cache_holds() {
         line
     };
     let target = kd_model::LlamaConfig::from_file(demo().join("target/config.json")).unwrap();
-    // Three features of the target's width, 256 draft logits, the normaliser, the argmax.
-    let per_position = 4 * (3 * target.hidden_size + 256 + 1) + 8;
+    // Three features and the final hidden state of the target's width, the normaliser, the
+    // argmax; no logits of the draft vocabulary.
+    let per_position = 4 * (4 * target.hidden_size + 1) + 8;
     let line = features(&config);
     assert!(
         line.contains(&format!(
