@@ -20,7 +20,9 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use kd_data::{ChatTokenizer, Example};
-use kd_model::{Eagle3Config, Eagle3Draft, GenerateOptions, Llama, SeededPrompt, parse_device};
+use kd_model::{
+    Eagle3Config, Eagle3Draft, GenerateOptions, Llama, Sampling, SeededPrompt, parse_device,
+};
 use kd_speculator::SpeculatorConfig;
 use kd_speculator::eagle3::{
     Eagle3Loss, Eagle3Model, TargetCache, default_feature_layers, draft_vocab_from_examples,
@@ -91,6 +93,14 @@ struct Args {
     /// over all rows of a batch.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Sampled completions per training prompt, beside the greedy one: more training rows in
+    /// the target's own distribution without more prompts (kept in
+    /// `OUT/sampled-{N}-t{T}.json`; 0: the greedy completions only).
+    #[arg(long, default_value_t = 0)]
+    sampled_completions: usize,
+    /// Temperature of `--sampled-completions`.
+    #[arg(long, default_value_t = 1.0)]
+    sample_temperature: f32,
     /// Write the held-out prompts (chat-templated token ids, and their records' ids), the
     /// tokens to generate and the stop ids to this JSON file and stop: the input of
     /// fixtures/check_llamacpp_eagle3.py, which measures the same prompts with llama.cpp, and
@@ -343,46 +353,61 @@ fn train_draft(
     let device = target.embed_tokens.weight.val().device();
     let stop = tc.eos_token_ids.clone();
     // 1. The target's completions of the training prompts (kept for reruns).
-    let cache = args.out.join("completions.json");
-    let completions: Vec<Vec<u32>> = match std::fs::read_to_string(&cache) {
-        Ok(text) => serde_json::from_str(&text).context("completions.json")?,
-        Err(_) => {
-            let started = Instant::now();
-            let mut all = Vec::with_capacity(train.len());
-            let mut options = GenerateOptions::greedy(args.max_new_tokens);
-            options.stop_token_ids = stop.clone();
-            for chunk in train.chunks(32) {
-                let seeded: Vec<SeededPrompt<'_>> = chunk
-                    .iter()
-                    .map(|p| SeededPrompt {
-                        ids: &p.ids,
-                        seed: p.index,
-                    })
-                    .collect();
-                for c in target.generate(&seeded, &options)? {
-                    all.push(c.ids);
-                }
-            }
-            let tokens: usize = all.iter().map(Vec::len).sum();
-            println!(
-                "generated {tokens} tokens in {:.1} s",
-                started.elapsed().as_secs_f64()
-            );
-            kd_model::weights::write_atomic(&cache, serde_json::to_string(&all)?.as_bytes())?;
-            all
+    let generate = |file: &str, sampling: Sampling, copy: u64| -> Result<Vec<Vec<u32>>> {
+        let cache = args.out.join(file);
+        if let Ok(text) = std::fs::read_to_string(&cache) {
+            return serde_json::from_str(&text).with_context(|| file.to_string());
         }
+        let started = Instant::now();
+        let mut all = Vec::with_capacity(train.len());
+        let mut options = GenerateOptions::greedy(args.max_new_tokens);
+        options.sampling = sampling;
+        options.stop_token_ids = stop.clone();
+        for chunk in train.chunks(32) {
+            let seeded: Vec<SeededPrompt<'_>> = chunk
+                .iter()
+                .map(|p| SeededPrompt {
+                    ids: &p.ids,
+                    seed: (p.index << 20) + copy,
+                })
+                .collect();
+            for c in target.generate(&seeded, &options)? {
+                all.push(c.ids);
+            }
+        }
+        let tokens: usize = all.iter().map(Vec::len).sum();
+        println!(
+            "generated {tokens} tokens ({file}) in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        kd_model::weights::write_atomic(&cache, serde_json::to_string(&all)?.as_bytes())?;
+        Ok(all)
     };
-    let examples: Vec<Example> = train
+    let mut sets = vec![generate("completions.json", Sampling::GREEDY, 0)?];
+    for copy in 1..=args.sampled_completions as u64 {
+        let file = format!("sampled-t{}-{copy}.json", args.sample_temperature);
+        sets.push(generate(
+            &file,
+            Sampling::temperature(args.sample_temperature),
+            copy,
+        )?);
+    }
+    let examples: Vec<Example> = sets
         .iter()
-        .zip(&completions)
-        .filter(|(_, c)| !c.is_empty())
-        .map(|(p, c)| {
+        .enumerate()
+        .flat_map(|(copy, set)| train.iter().zip(set).map(move |(p, c)| (copy, p, c)))
+        .filter(|(_, _, c)| !c.is_empty())
+        .map(|(copy, p, c)| {
             let mut ids = p.ids.clone();
             ids.extend(c);
             let mut labels = vec![-100i64; p.ids.len()];
             labels.extend(c.iter().map(|&t| t as i64));
             Example {
-                id: format!("prompt-{}", p.index),
+                id: if copy == 0 {
+                    format!("prompt-{}", p.index)
+                } else {
+                    format!("prompt-{}-sample-{copy}", p.index)
+                },
                 input_ids: ids,
                 labels,
                 prompt_len: p.ids.len(),
