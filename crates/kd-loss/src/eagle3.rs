@@ -55,13 +55,26 @@ pub struct ReducedLogits {
 impl ReducedLogits {
     /// From the target's logits and the draft vocabulary's target ids (ascending).
     pub fn new(target_logits: Tensor<3>, draft_to_target: &[u32]) -> Self {
-        let [b, s, _] = target_logits.dims();
         let index = id_tensor(draft_to_target, &target_logits.device());
+        let restricted = target_logits.clone().select(2, index);
+        let (log_z, target_ids) = Self::log_z_and_argmax(target_logits);
         Self {
-            restricted: target_logits.clone().select(2, index),
-            log_z: log_sum_exp(target_logits.clone()),
-            target_ids: target_logits.argmax(2).reshape([b, s]),
+            restricted,
+            log_z,
+            target_ids,
         }
+    }
+
+    /// The two fields that need the whole vocabulary, [`log_z`](Self::log_z) `[batch, seq, 1]`
+    /// and [`target_ids`](Self::target_ids) `[batch, seq]`, from the target's logits
+    /// `[batch, seq, target_vocab]`: what a caller that makes the draft vocabulary's logits
+    /// elsewhere keeps.
+    pub fn log_z_and_argmax(target_logits: Tensor<3>) -> (Tensor<3>, Tensor<2, Int>) {
+        let [b, s, _] = target_logits.dims();
+        (
+            log_sum_exp(target_logits.clone()),
+            target_logits.argmax(2).reshape([b, s]),
+        )
     }
 }
 

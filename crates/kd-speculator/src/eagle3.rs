@@ -339,7 +339,7 @@ impl Eagle3Loss<'_> {
     /// The target over one row alone (a batch of one, no padding), so that what it gives a
     /// row does not depend on the rows it was batched with: a kept row and a recomputed one
     /// are the same bits, and a resumed run trains on what an uninterrupted one did.
-    fn run_row(&self, row: &Batch, draft: &Eagle3Draft) -> kd_train::Result<RowTargets> {
+    fn run_row(&self, row: &Batch) -> kd_train::Result<RowTargets> {
         // The three layers, then the final normed hidden state (index L, HF's last entry).
         let mut layers = self.layers.to_vec();
         layers.push(self.target.config().num_hidden_layers);
@@ -359,13 +359,13 @@ impl Eagle3Loss<'_> {
             out.hidden_states.iter().map(|(_, h)| h.clone()).collect(),
             2,
         );
-        let reduced = ReducedLogits::new(out.into_logits()?, draft.vocab().target_ids());
+        // The draft vocabulary's logits are made again each step from `last`.
+        let (log_z, argmax) = ReducedLogits::log_z_and_argmax(out.into_logits()?);
         Ok(RowTargets {
             features: to_host(features),
             last: to_host(last),
-            log_z: to_host(reduced.log_z),
-            argmax: reduced
-                .target_ids
+            log_z: to_host(log_z),
+            argmax: argmax
                 .into_data()
                 .convert::<i64>()
                 .try_into_vec::<i64>()
@@ -387,7 +387,7 @@ impl Eagle3Loss<'_> {
             let row = match self.cache.get(&key) {
                 Some(row) => row,
                 None => {
-                    let row = Arc::new(self.run_row(&row_batch(batch, r, &real[r]), draft)?);
+                    let row = Arc::new(self.run_row(&row_batch(batch, r, &real[r]))?);
                     self.cache.insert(key, row.clone());
                     row
                 }

@@ -380,8 +380,9 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
         (
             "features".into(),
             format!(
-                "the target's hidden states {layers:?} (of 0..={}) and its logits of the draft \
-                 vocabulary: {kept}; nothing on disk",
+                "the target's hidden states {layers:?} (of 0..={}), its final hidden state \
+                 (the draft vocabulary's logits are made again from it each step), log-normaliser \
+                 and argmax: {kept}; nothing on disk",
                 target.num_hidden_layers,
             ),
         ),
