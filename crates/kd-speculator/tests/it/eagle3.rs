@@ -2,9 +2,9 @@
 //! checkpoint is a SpecForge draft directory that reloads to the same weights, and greedy
 //! speculative decoding with the draft returns exactly what the target alone returns.
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use kd_data::Example;
-use kd_model::{Eagle3Config, Eagle3Draft, Llama, eagle3::DraftKvCache, parse_device};
+use kd_model::{DraftVocab, Eagle3Config, Eagle3Draft, Llama, eagle3::DraftKvCache, parse_device};
 use kd_speculator::eagle3::{
     CacheStats, Eagle3Loss, Eagle3Model, TargetCache, default_feature_layers,
     draft_vocab_from_examples,
@@ -36,6 +36,47 @@ fn examples(vocab: u32) -> Vec<Example> {
         .collect()
 }
 
+/// What the loss tests start from: the demo target, [`examples`], a draft vocabulary of their
+/// completions' most frequent tokens and the default feature layers.
+struct DemoSetup {
+    device: Device,
+    target: Llama,
+    examples: Vec<Example>,
+    vocab: DraftVocab,
+    layers: [usize; 3],
+}
+
+impl DemoSetup {
+    /// With a draft vocabulary of `size` tokens.
+    fn new(size: usize) -> Self {
+        let device = parse_device("cpu").unwrap();
+        let target = Llama::load(fixtures().join("demo/target"), &device).unwrap();
+        let tc = target.config();
+        let examples = examples(tc.vocab_size as u32);
+        let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, size).unwrap();
+        let layers = default_feature_layers(tc.num_hidden_layers);
+        Self {
+            device,
+            target,
+            examples,
+            vocab,
+            layers,
+        }
+    }
+
+    /// A fresh draft over the setup's vocabulary, initialised from `seed`.
+    fn draft(&self, seed: u64) -> Eagle3Draft {
+        self.device.seed(seed);
+        Eagle3Draft::new(
+            Eagle3Config::for_target(self.target.config(), self.vocab.len()).unwrap(),
+            self.vocab.clone(),
+            self.target.embed_tokens.weight.val(),
+            &self.device,
+        )
+        .unwrap()
+    }
+}
+
 struct Losses(Vec<f64>);
 
 impl TrainObserver for Losses {
@@ -54,26 +95,15 @@ fn ttt_training_lowers_the_loss_and_checkpoints_reload() {
 /// for bit; the full cache ran the target once per row and read the rows back after that.
 #[test]
 fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
-    let device = parse_device("cpu").unwrap();
-    let target = Llama::load(fixtures().join("demo/target"), &device).unwrap();
-    let tc = target.config().clone();
-    let examples = examples(tc.vocab_size as u32);
-    let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 64).unwrap();
-    let layers = default_feature_layers(tc.num_hidden_layers);
-    let per_position = TargetCache::bytes_per_position(tc.hidden_size);
+    let setup = DemoSetup::new(64);
+    let examples = &setup.examples;
+    let per_position = TargetCache::bytes_per_position(setup.target.config().hidden_size);
     let positions: usize = examples.iter().map(|e| e.input_ids.len()).sum();
     let train = |budget: usize| {
-        device.seed(11);
-        let draft = Eagle3Draft::new(
-            Eagle3Config::for_target(&tc, 64).unwrap(),
-            vocab.clone(),
-            target.embed_tokens.weight.val(),
-            &device,
-        )
-        .unwrap();
+        let draft = setup.draft(11);
         let loss = Eagle3Loss {
-            target: &target,
-            layers,
+            target: &setup.target,
+            layers: setup.layers,
             ttt_length: 3,
             cache: TargetCache::new(budget),
         };
@@ -88,7 +118,7 @@ fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
             ..TrainConfig::default()
         };
         let (trained, _) = Trainer::new(train, &loss)
-            .run(Eagle3Model { draft }, &examples)
+            .run(Eagle3Model { draft }, examples)
             .unwrap();
         (trained.draft.named_tensors(), loss.cache.stats())
     };
@@ -134,26 +164,22 @@ fn the_loss_reads_the_targets_own_distribution() {
     use kd_model::{ForwardOptions, HiddenStates};
     use kd_train::StepLossFn;
 
-    let device = parse_device("cpu").unwrap();
-    let target = Llama::load(fixtures().join("demo/target"), &device).unwrap();
-    let tc = target.config().clone();
-    let examples = examples(tc.vocab_size as u32);
+    let setup = DemoSetup::new(16);
+    let DemoSetup {
+        target,
+        examples,
+        vocab,
+        layers,
+        ..
+    } = &setup;
     // The 16 most frequent completion tokens: target ids that are not 0..16.
-    let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 16).unwrap();
     assert_ne!(vocab.target_ids(), (0..16).collect::<Vec<u32>>().as_slice());
-    let layers = default_feature_layers(tc.num_hidden_layers);
-    device.seed(5);
-    let draft = Eagle3Draft::new(
-        Eagle3Config::for_target(&tc, 16).unwrap(),
-        vocab.clone(),
-        target.embed_tokens.weight.val(),
-        &device,
-    )
-    .unwrap();
+    let draft = setup.draft(5);
+    let device = setup.device.clone();
     let ttt = 3;
     let loss = Eagle3Loss {
-        target: &target,
-        layers,
+        target,
+        layers: *layers,
         ttt_length: ttt,
         cache: TargetCache::new(1 << 30),
     };
@@ -161,7 +187,7 @@ fn the_loss_reads_the_targets_own_distribution() {
         draft: draft.clone(),
     };
     for row in [5usize, 18] {
-        let batch = kd_data::collate(&examples, &[vec![row]], 0, 64);
+        let batch = kd_data::collate(examples, &[vec![row]], 0, 64);
         let normalizer = batch.label_tokens() as f32;
         // Computed, then read back from the cache: the same loss.
         let got: Vec<f32> = (0..2)
@@ -173,7 +199,7 @@ fn the_loss_reads_the_targets_own_distribution() {
         assert_eq!(got[0], got[1], "row {row}: kept vs computed");
 
         let s = batch.seq_len;
-        let v = tc.vocab_size;
+        let v = target.config().vocab_size;
         let out = target
             .forward(
                 &kd_train::token_batch(&batch).unwrap(),
