@@ -89,6 +89,10 @@ struct Args {
     /// Decode the draft from Q8_0 blocks of its weights (`Eagle3Draft::with_q8_0_weights`).
     #[arg(long)]
     draft_q8_0: bool,
+    /// Run the draft's decoding passes on Burn's tensor operations instead of the host
+    /// (`Eagle3Draft::with_host_decoding(false)`), to compare the two.
+    #[arg(long)]
+    draft_burn_ops: bool,
     /// Held-out prompts decoded together (the target alone and every arm alike); tokens/s is
     /// over all rows of a batch.
     #[arg(long, default_value_t = 1)]
@@ -192,7 +196,8 @@ fn main() -> Result<()> {
         Some(dir) => Eagle3Draft::load(dir, Some(target.embed_tokens.weight.val()), &device)?,
         None => train_draft(&args, &target, &train, layers)?,
     }
-    .with_q8_0_weights(args.draft_q8_0);
+    .with_q8_0_weights(args.draft_q8_0)
+    .with_host_decoding(!args.draft_burn_ops);
 
     // 3. Greedy decoding of the held-out prompts, one at a time, interleaved: for each prompt
     //    the target alone, then the draft at each k and draft_p_min, so that the machine's

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use burn::module::Param;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Device, Tensor};
 
+use super::host::HostNorms;
 use super::{Eagle3Draft, project};
 use crate::packed::{PackedMatrix, packed_project};
 use crate::skinny;
@@ -38,9 +39,17 @@ const PROJECTIONS: [Proj; 9] = [
     Proj::LmHead,
 ];
 
-/// Q8_0 copies of the projections, by [`Proj`] (`None` where the input width is not a multiple
-/// of 32).
-pub(crate) type DecodePacks = Arc<[Option<PackedMatrix>; 9]>;
+/// What decoding reads besides the module: Q8_0 copies of the projections, by [`Proj`]
+/// (`None` where the input width is not a multiple of 32), and the norms' weights for the
+/// host path.
+#[derive(Debug)]
+pub(crate) struct Decoding {
+    pub(crate) matrices: [Option<PackedMatrix>; 9],
+    pub(crate) norms: HostNorms,
+}
+
+/// Shared by the draft's clones.
+pub(crate) type DecodePacks = Arc<Decoding>;
 
 impl Eagle3Draft {
     fn weight(&self, p: Proj) -> &Param<Tensor<2>> {
@@ -66,10 +75,43 @@ impl Eagle3Draft {
     /// draft whose weights change afterwards must call it again.
     pub fn with_q8_0_weights(mut self, on: bool) -> Self {
         self.packed = on.then(|| {
-            // Weights are held `[in, out]`; blocks run along `in`.
-            Arc::new(PROJECTIONS.map(|p| PackedMatrix::q8_0(self.weight(p).val().transpose())))
+            Arc::new(Decoding {
+                // Weights are held `[in, out]`; blocks run along `in`.
+                matrices: PROJECTIONS.map(|p| PackedMatrix::q8_0(self.weight(p).val().transpose())),
+                norms: HostNorms::of(&self),
+            })
         });
         self
+    }
+
+    /// Whether decoding passes of a few positions run on the host (the default; see
+    /// [`host`](super::host)) where they can: Q8_0 blocks of every projection
+    /// ([`with_q8_0_weights`](Self::with_q8_0_weights)), AVX2 kernels at the level in use, the
+    /// CPU backend, one row of at most 32 positions. `false` keeps them on Burn's operations
+    /// (what the tests compare the host path with).
+    pub fn with_host_decoding(mut self, on: bool) -> Self {
+        self.host_decoding = on;
+        self
+    }
+
+    /// The blocks the host path reads for a pass of `rows` positions of `batch` rows, when
+    /// it applies ([`with_host_decoding`](Self::with_host_decoding)).
+    pub(crate) fn host_packs(
+        &self,
+        batch: usize,
+        rows: usize,
+        x: &Tensor<3>,
+    ) -> Option<&DecodePacks> {
+        let packs = self.packed.as_ref()?;
+        let applies = self.host_decoding
+            && batch == 1
+            && rows <= skinny::MAX_ROWS
+            && skinny::avx2()
+            && !x.is_autodiff()
+            && x.dtype() == DType::F32
+            && x.device() == Device::flex()
+            && packs.matrices.iter().all(Option::is_some);
+        applies.then_some(packs)
     }
 
     /// Whether decoding reads Q8_0 blocks ([`with_q8_0_weights`](Self::with_q8_0_weights)).
@@ -84,7 +126,12 @@ impl Eagle3Draft {
     pub(crate) fn proj(&self, x: Tensor<3>, p: Proj, decode: bool) -> Tensor<3> {
         let weight = self.weight(p);
         let [b, s, i] = x.dims();
-        if decode && let Some(m) = self.packed.as_ref().and_then(|m| m[p as usize].as_ref()) {
+        if decode
+            && let Some(m) = self
+                .packed
+                .as_ref()
+                .and_then(|m| m.matrices[p as usize].as_ref())
+        {
             let flat = x.clone().reshape([b * s, i]);
             let w = weight.val();
             if skinny::applies(&flat, &w) {

@@ -35,6 +35,7 @@ mod decode;
 mod export;
 mod file;
 mod gguf;
+mod host;
 mod init;
 mod vocab;
 
@@ -108,6 +109,9 @@ pub struct Eagle3Draft {
     /// Q8_0 copies of the projections for decoding ([`Eagle3Draft::with_q8_0_weights`]).
     #[module(skip)]
     packed: Option<decode::DecodePacks>,
+    /// Whether few-position decoding passes run on the host ([`Eagle3Draft::with_host_decoding`]).
+    #[module(skip)]
+    host_decoding: bool,
 }
 
 /// `x · rsqrt(mean(x²) + ε) · w` over the last axis.
@@ -219,6 +223,7 @@ impl Eagle3Draft {
             vocab: vocab_map,
             rope,
             packed: None,
+            host_decoding: true,
         })
     }
 
@@ -281,6 +286,7 @@ impl Eagle3Draft {
             config,
             vocab,
             packed: None,
+            host_decoding: true,
         })
     }
 
@@ -342,6 +348,23 @@ impl Eagle3Draft {
         cache: &mut DraftKvCache,
     ) -> Tensor<3> {
         let [b, s] = ids.dims();
+        if let Some(packs) = self.host_packs(b, s, &hidden) {
+            let d = self.config.llama.hidden_size;
+            let device = hidden.device();
+            let embedded = self
+                .embed_tokens
+                .val()
+                .select(0, ids.reshape([s]))
+                .into_data()
+                .try_into_vec::<f32>()
+                .expect("the embedding is f32");
+            let hidden = hidden
+                .into_data()
+                .try_into_vec::<f32>()
+                .expect("host decoding takes f32 inputs");
+            let out = host::forward_cached(self, packs, &embedded, &hidden, cache);
+            return Tensor::from_data(TensorData::new(out, [1, s, d]), &device);
+        }
         let (h, hd) = (
             self.config.llama.num_attention_heads,
             self.config.llama.head_dim,
@@ -512,6 +535,17 @@ impl Eagle3Draft {
     /// [`logits`](Self::logits) for decoding: a few positions through the decoding kernels
     /// (see [`with_q8_0_weights`](Self::with_q8_0_weights)).
     pub fn logits_decoding(&self, hidden: Tensor<3>) -> Tensor<3> {
+        let [b, s, _] = hidden.dims();
+        if let Some(packs) = self.host_packs(b, s, &hidden) {
+            let device = hidden.device();
+            let values = hidden
+                .into_data()
+                .try_into_vec::<f32>()
+                .expect("host decoding takes f32 inputs");
+            let out = host::logits(packs, &values);
+            let vocab = out.len() / s.max(1);
+            return Tensor::from_data(TensorData::new(out, [1, s, vocab]), &device);
+        }
         let eps = self.config.llama.rms_norm_eps;
         self.proj(rms_norm(hidden, &self.norm, eps), Proj::LmHead, true)
     }

@@ -131,7 +131,7 @@ fn project_all<const N: usize>(
 
 /// Rotates rows `[n, heads, d]` in place: `x · cos + rotate_half(x) · sin` with the row's
 /// `cos`/`sin` (as `rope::apply_rotary`, one f32 operation per step).
-fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
+pub(crate) fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
     let half = d / 2;
     for ((row, c), s) in x
         .chunks_exact_mut(heads * d)
@@ -151,7 +151,7 @@ fn rotate(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
 
 /// `[b, s, heads, d]` ↔ `[b, heads, s, d]` (the same permutation both ways); `x` itself when
 /// one of the two axes has length 1.
-fn swap_seq_heads(x: Vec<f32>, b: usize, s: usize, heads: usize, d: usize) -> Vec<f32> {
+pub(crate) fn swap_seq_heads(x: Vec<f32>, b: usize, s: usize, heads: usize, d: usize) -> Vec<f32> {
     if s == 1 || heads == 1 {
         return x;
     }

@@ -325,6 +325,70 @@ fn decoding_reads_the_q8_0_weights_and_step_0_matches_specforge() {
     assert_eq!(decode(&q8.with_q8_0_weights(false)).1, logits);
 }
 
+/// Decoding on the host (the default with Q8_0 blocks) against the same draft on Burn's
+/// operations: a prefill too wide for the host (40 positions, Burn's path on both, its cache
+/// taken over by the host), then passes of 1–3 positions with rollbacks between them, as
+/// speculative rounds run; every hidden output and logit agrees to f32 rounding, and the
+/// caches hold the same positions.
+#[test]
+fn host_decoding_follows_the_burn_path() {
+    let q8 = draft().with_q8_0_weights(true);
+    let burn = q8.clone().with_host_decoding(false);
+    let device = cpu();
+    let d = q8.config().llama.hidden_size;
+    let ids = |from: usize, n: usize| {
+        let v: Vec<i64> = (from..from + n).map(|i| (i * 7 % 90 + 3) as i64).collect();
+        Tensor::<2, Int>::from_data(TensorData::new(v, [1, n]), &device)
+    };
+    let hidden = |from: usize, n: usize| {
+        let v: Vec<f32> = (0..n * d)
+            .map(|i| ((from * d + i) as f32 * 0.37).sin() * 1.5)
+            .collect();
+        Tensor::<3>::from_data(TensorData::new(v, [1, n, d]), &device)
+    };
+    // (keep the first `keep` positions, then run `n` new ones)
+    let steps = [
+        (0, 40),
+        (40, 1),
+        (41, 2),
+        (42, 1),
+        (42, 3),
+        (44, 1),
+        (40, 2),
+        (42, 1),
+    ];
+    let (mut a, mut b) = (
+        kd_model::eagle3::DraftKvCache::new(),
+        kd_model::eagle3::DraftKvCache::new(),
+    );
+    let mut worst = 0f32;
+    for (i, &(keep, n)) in steps.iter().enumerate() {
+        a.truncate(keep);
+        b.truncate(keep);
+        assert_eq!(a.len(), keep, "step {i}");
+        let ha = q8.forward_cached(ids(keep, n), hidden(keep, n), &mut a);
+        let hb = burn.forward_cached(ids(keep, n), hidden(keep, n), &mut b);
+        assert_eq!((a.len(), b.len()), (keep + n, keep + n), "step {i}");
+        let la = host(q8.logits_decoding(ha.clone()));
+        let lb = host(burn.logits_decoding(hb.clone()));
+        for (x, y) in [(host(ha), host(hb)), (la, lb)] {
+            assert_eq!(x.len(), y.len(), "step {i}");
+            let scale = y.iter().fold(1f32, |m, v| m.max(v.abs()));
+            let diff = x
+                .iter()
+                .zip(&y)
+                .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+            worst = worst.max(diff / scale);
+            assert!(diff <= 2e-5 * scale, "step {i}: {diff} (scale {scale})");
+        }
+    }
+    eprintln!("host against Burn: worst |Δ| / scale {worst:.2e}");
+    if !avx2() {
+        // Below AVX2 the blocks, and so the host path, stand down: the same operations.
+        assert_eq!(worst, 0.0);
+    }
+}
+
 /// llama.cpp's name of each SpecForge tensor (its converter's `conversion/llama.py` and
 /// `src/models/eagle3.cpp`), with the head count of the Q/K permutation.
 const LLAMA_CPP_NAMES: [(&str, &str, Option<usize>); 13] = [
