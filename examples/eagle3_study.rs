@@ -274,8 +274,6 @@ fn main() -> Result<()> {
         }
     }
     let plain_rate = plain_tokens as f64 / plain_seconds;
-    // A decode step of the target alone (over a batch, its rows that have not ended yet).
-    let per_token = plain_seconds / plain_steps.max(1) as f64;
     println!(
         "held-out prompts: {}, batch {}, greedy, each batch decoded by every arm in turn; target \
          alone {plain_rate:.1} tokens/s ({plain_tokens} tokens in {plain_seconds:.1} s, \
@@ -310,10 +308,15 @@ fn main() -> Result<()> {
             )
         })
         .collect();
+    // A decode step of the target alone after the prefill and the first token.
+    let decode_step = (plain_seconds - prefill_seconds)
+        / plain_steps
+            .saturating_sub(held_out.len().div_ceil(args.batch))
+            .max(1) as f64;
     println!(
-        "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | target \
-         pass | draft per round | passes | time in passes, draft | speedup after the prefill | \
-         rows equal to the target alone |"
+        "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | \
+         verification pass (× a decode step) | draft per round | passes | time in passes, draft \
+         | speedup after the prefill | rows equal to the target alone |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Verification passes over a batch (a row's round is `verify_steps`).
@@ -322,7 +325,7 @@ fn main() -> Result<()> {
         |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(batches).max(1) as f64;
     for (k, p_min, rate, s, equal, seconds, decode_speedup) in rows {
         let rounds = s.verify_steps.max(1) as f64;
-        let pass = s.target_seconds / s.target_forwards.max(1) as f64;
+        let pass = s.verification_pass_seconds();
         let positions: Vec<String> = s
             .per_position_acceptance()
             .iter()
@@ -335,7 +338,7 @@ fn main() -> Result<()> {
             s.drafted as f64 / rounds,
             positions.join(" "),
             1e3 * pass,
-            pass / per_token,
+            pass / decode_step,
             1e3 * s.draft_seconds / batch_rounds(&s),
             s.target_forwards,
             100.0 * s.target_seconds / seconds,

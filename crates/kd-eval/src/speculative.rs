@@ -313,8 +313,11 @@ impl<'a> Run<'a> {
             .forward_cached(&batch, &mut self.cache, &options)?;
         let features = concat_features(std::mem::take(&mut pass.hidden_states));
         let logits = to_host(pass.into_logits()?);
-        self.stats.target_seconds += started.elapsed().as_secs_f64();
+        let seconds = started.elapsed().as_secs_f64();
+        self.stats.target_seconds += seconds;
         self.stats.target_forwards += 1;
+        self.stats.prefill_seconds += seconds;
+        self.stats.prefill_forwards += 1;
         let vocab = self.vocab;
         let mut first = Vec::with_capacity(self.rows.len());
         let mut active = Vec::with_capacity(self.rows.len());

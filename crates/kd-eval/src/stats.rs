@@ -35,6 +35,14 @@ pub struct SpecStats {
     pub draft_seconds: f64,
     /// Seconds in target forward passes.
     pub target_seconds: f64,
+    /// Of `target_forwards`, the prefill passes: an EAGLE-3 drafter's run starts with one over
+    /// the prompts, which verifies nothing (a Llama draft's first verification reads the
+    /// prompts itself).
+    #[serde(default)]
+    pub prefill_forwards: usize,
+    /// Of `target_seconds`, the prefill passes' seconds.
+    #[serde(default)]
+    pub prefill_seconds: f64,
 }
 
 impl SpecStats {
@@ -71,6 +79,18 @@ impl SpecStats {
         self.target_forwards += o.target_forwards;
         self.draft_seconds += o.draft_seconds;
         self.target_seconds += o.target_seconds;
+        self.prefill_forwards += o.prefill_forwards;
+        self.prefill_seconds += o.prefill_seconds;
+    }
+
+    /// Seconds per target pass that verifies drafts: the target's passes without the
+    /// prefill ([`prefill_seconds`](Self::prefill_seconds)); 0 when there was none.
+    pub fn verification_pass_seconds(&self) -> f64 {
+        let passes = self.target_forwards.saturating_sub(self.prefill_forwards);
+        if passes == 0 {
+            return 0.0;
+        }
+        (self.target_seconds - self.prefill_seconds).max(0.0) / passes as f64
     }
 
     /// Accepted drafted tokens / drafted tokens.

@@ -210,6 +210,16 @@ fn sampled_run_passes<D: Drafter + ?Sized>(
     };
     let out = speculative_generate(target, draft, prompts, &config).unwrap();
     let s = &out.stats;
+    // An EAGLE-3 draft starts from one target pass over the prompts, which verifies nothing:
+    // counted apart from the verifications.
+    let prefills = usize::from(label == "EAGLE-3");
+    assert_eq!(s.prefill_forwards, prefills, "{label}");
+    assert!(
+        (prefills == 1) == (s.prefill_seconds > 0.0)
+            && s.prefill_seconds < s.target_seconds
+            && s.verification_pass_seconds() > 0.0,
+        "{label}: {s:?}"
+    );
     assert!(
         s.alpha() < bounds.0 && s.acceptance_rate() > bounds.1,
         "{label}: α {} acceptance {}",
