@@ -84,8 +84,10 @@ impl Eagle3Draft {
         self
     }
 
-    /// Whether decoding passes of a few positions run on the host (the default; see
-    /// [`host`](super::host)) where they can: Q8_0 blocks of every projection
+    /// Whether decoding passes of a few positions run on the host (the default: the layer,
+    /// its KV cache, attention, the final norm and the LM head on f32 rows through the
+    /// target's host kernels, no Burn operation between the products; the two paths agree to
+    /// f32 rounding) where they can: Q8_0 blocks of every projection
     /// ([`with_q8_0_weights`](Self::with_q8_0_weights)), AVX2 kernels at the level in use, the
     /// CPU backend, one row of at most 32 positions. `false` keeps them on Burn's operations
     /// (what the tests compare the host path with).
