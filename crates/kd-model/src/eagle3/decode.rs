@@ -45,7 +45,8 @@ const PROJECTIONS: [Proj; 9] = [
 #[derive(Debug)]
 pub(crate) struct Decoding {
     pub(crate) matrices: [Option<PackedMatrix>; 9],
-    pub(crate) norms: HostNorms,
+    /// `None` where a norm is not f32.
+    pub(crate) norms: Option<HostNorms>,
 }
 
 /// Shared by the draft's clones.
@@ -103,8 +104,9 @@ impl Eagle3Draft {
         batch: usize,
         rows: usize,
         x: &Tensor<3>,
-    ) -> Option<&DecodePacks> {
+    ) -> Option<(&DecodePacks, &HostNorms)> {
         let packs = self.packed.as_ref()?;
+        let norms = packs.norms.as_ref()?;
         let applies = self.host_decoding
             && batch == 1
             && rows <= skinny::MAX_ROWS
@@ -113,7 +115,7 @@ impl Eagle3Draft {
             && x.dtype() == DType::F32
             && x.device() == Device::flex()
             && packs.matrices.iter().all(Option::is_some);
-        applies.then_some(packs)
+        applies.then_some((packs, norms))
     }
 
     /// Whether decoding reads Q8_0 blocks ([`with_q8_0_weights`](Self::with_q8_0_weights)).

@@ -28,20 +28,18 @@ pub(crate) struct HostNorms {
 }
 
 impl HostNorms {
-    pub(crate) fn of(draft: &Eagle3Draft) -> Self {
+    /// `None` when a norm's weight is not f32 (the host path then stands down).
+    pub(crate) fn of(draft: &Eagle3Draft) -> Option<Self> {
         let values = |p: &burn::module::Param<burn::tensor::Tensor<1>>| {
-            p.val()
-                .into_data()
-                .try_into_vec::<f32>()
-                .expect("the draft's norms are f32")
+            p.val().into_data().try_into_vec::<f32>().ok()
         };
-        Self {
-            input: values(&draft.input_layernorm),
-            hidden: values(&draft.hidden_norm),
-            post: values(&draft.post_attention_layernorm),
-            last: values(&draft.norm),
+        Some(Self {
+            input: values(&draft.input_layernorm)?,
+            hidden: values(&draft.hidden_norm)?,
+            post: values(&draft.post_attention_layernorm)?,
+            last: values(&draft.norm)?,
             eps: draft.config.llama.rms_norm_eps as f32,
-        }
+        })
     }
 }
 
@@ -63,7 +61,7 @@ fn pack(packs: &DecodePacks, p: Proj) -> &PackedMatrix {
 /// the keys and values appended to `cache`.
 pub(crate) fn forward_cached(
     draft: &Eagle3Draft,
-    packs: &DecodePacks,
+    (packs, n): (&DecodePacks, &HostNorms),
     embedded: &[f32],
     hidden: &[f32],
     cache: &mut DraftKvCache,
@@ -75,7 +73,6 @@ pub(crate) fn forward_cached(
         c.head_dim,
         c.hidden_size,
     );
-    let n = &packs.norms;
     let s = hidden.len() / d;
     let past = cache.len();
     // cat(RMSNorm(embedding), RMSNorm(hidden)) row by row.
@@ -150,8 +147,7 @@ pub(crate) fn forward_cached(
 
 /// The draft's logits `[s, draft_vocab]` from hidden outputs `[s, d]`: the final norm, then
 /// the LM head's blocks.
-pub(crate) fn logits(packs: &DecodePacks, hidden: &[f32]) -> Vec<f32> {
-    let n = &packs.norms;
+pub(crate) fn logits((packs, n): (&DecodePacks, &HostNorms), hidden: &[f32]) -> Vec<f32> {
     let normed = rms(hidden, &n.last, n.eps);
     pack(packs, Proj::LmHead).project(&normed, normed.len() / n.last.len())
 }
