@@ -308,11 +308,10 @@ fn main() -> Result<()> {
             )
         })
         .collect();
+    let batches = held_out.len().div_ceil(args.batch);
     // A decode step of the target alone after the prefill and the first token.
-    let decode_step = (plain_seconds - prefill_seconds)
-        / plain_steps
-            .saturating_sub(held_out.len().div_ceil(args.batch))
-            .max(1) as f64;
+    let decode_step =
+        (plain_seconds - prefill_seconds) / plain_steps.saturating_sub(batches).max(1) as f64;
     println!(
         "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | \
          verification pass (× a decode step) | draft per round | passes | time in passes, draft \
@@ -320,7 +319,6 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Verification passes over a batch (a row's round is `verify_steps`).
-    let batches = held_out.len().div_ceil(args.batch);
     let batch_rounds =
         |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(batches).max(1) as f64;
     for (k, p_min, rate, s, equal, seconds, decode_speedup) in rows {

@@ -24,7 +24,7 @@ mod layer;
 
 pub use head::LmHead;
 pub(crate) use head::trains;
-pub(crate) use host::{HostLayer, rotate, swap_seq_heads};
+pub(crate) use host::{HostLayer, HostNorm, rotate, swap_seq_heads};
 use layer::rms_norm;
 pub use layer::{Attention, DecoderLayer, Mlp};
 pub(crate) use layer::{LayerMask, LayerPacks, repeat_kv};

@@ -12,42 +12,35 @@
 
 use super::decode::{DecodePacks, Proj};
 use super::{DraftKvCache, Eagle3Draft};
-use crate::model::{rotate, swap_seq_heads};
+use crate::model::{HostNorm, rotate, swap_seq_heads};
 use crate::ops::attention::{self, AttentionJob, AttnDims};
-use crate::ops::{norm, swiglu};
+use crate::ops::swiglu;
 use crate::packed::{self, PackedMatrix};
 
-/// The norms' weights on the host, read once when the Q8_0 blocks are made.
+/// The norms on the host, read once when the Q8_0 blocks are made.
 #[derive(Debug, Clone)]
 pub(crate) struct HostNorms {
-    input: Vec<f32>,
-    hidden: Vec<f32>,
-    post: Vec<f32>,
-    last: Vec<f32>,
-    eps: f32,
+    input: HostNorm,
+    hidden: HostNorm,
+    post: HostNorm,
+    last: HostNorm,
 }
 
 impl HostNorms {
     /// `None` when a norm's weight is not f32 (the host path then stands down).
     pub(crate) fn of(draft: &Eagle3Draft) -> Option<Self> {
-        let values = |p: &burn::module::Param<burn::tensor::Tensor<1>>| {
-            p.val().into_data().try_into_vec::<f32>().ok()
+        let eps = draft.config.llama.rms_norm_eps as f32;
+        let norm = |p: &burn::module::Param<burn::tensor::Tensor<1>>| {
+            let gamma = p.val().into_data().try_into_vec::<f32>().ok()?;
+            Some(HostNorm::new(gamma, eps))
         };
         Some(Self {
-            input: values(&draft.input_layernorm)?,
-            hidden: values(&draft.hidden_norm)?,
-            post: values(&draft.post_attention_layernorm)?,
-            last: values(&draft.norm)?,
-            eps: draft.config.llama.rms_norm_eps as f32,
+            input: norm(&draft.input_layernorm)?,
+            hidden: norm(&draft.hidden_norm)?,
+            post: norm(&draft.post_attention_layernorm)?,
+            last: norm(&draft.norm)?,
         })
     }
-}
-
-/// `x` in rows of `gamma.len()` values, normalised by the fused RMSNorm's row kernel.
-fn rms(x: &[f32], gamma: &[f32], eps: f32) -> Vec<f32> {
-    let mut y = vec![0f32; x.len()];
-    norm::rms_norm_rows(kd_kernels::cpu::level(), &mut y, x, gamma, eps);
-    y
 }
 
 fn pack(packs: &DecodePacks, p: Proj) -> &PackedMatrix {
@@ -76,10 +69,8 @@ pub(crate) fn forward_cached(
     let s = hidden.len() / d;
     let past = cache.len();
     // cat(RMSNorm(embedding), RMSNorm(hidden)) row by row.
-    let (e, hn) = (
-        rms(embedded, &n.input, n.eps),
-        rms(hidden, &n.hidden, n.eps),
-    );
+    let simd = kd_kernels::cpu::level();
+    let (e, hn) = (n.input.apply(simd, embedded), n.hidden.apply(simd, hidden));
     let mut x = Vec::with_capacity(2 * s * d);
     for (er, hr) in e.chunks_exact(d).zip(hn.chunks_exact(d)) {
         x.extend_from_slice(er);
@@ -129,7 +120,7 @@ pub(crate) fn forward_cached(
     for (xv, ov) in x.iter_mut().zip(pack(packs, Proj::O).project(&out, s)) {
         *xv += ov;
     }
-    let normed = rms(&x, &n.post, n.eps);
+    let normed = n.post.apply(simd, &x);
     let [gate, up]: [Vec<f32>; 2] = packed::project_all(
         &[pack(packs, Proj::Gate), pack(packs, Proj::Up)],
         &normed,
@@ -138,7 +129,7 @@ pub(crate) fn forward_cached(
     .try_into()
     .expect("two products");
     let mut act = vec![0f32; gate.len()];
-    swiglu::swiglu_chunk(kd_kernels::cpu::level(), &mut act, &gate, &up);
+    swiglu::swiglu_chunk(simd, &mut act, &gate, &up);
     for (xv, dv) in x.iter_mut().zip(pack(packs, Proj::Down).project(&act, s)) {
         *xv += dv;
     }
@@ -148,6 +139,9 @@ pub(crate) fn forward_cached(
 /// The draft's logits `[s, draft_vocab]` from hidden outputs `[s, d]`: the final norm, then
 /// the LM head's blocks.
 pub(crate) fn logits((packs, n): (&DecodePacks, &HostNorms), hidden: &[f32]) -> Vec<f32> {
-    let normed = rms(hidden, &n.last, n.eps);
-    pack(packs, Proj::LmHead).project(&normed, normed.len() / n.last.len())
+    let (lm_head, normed) = (
+        pack(packs, Proj::LmHead),
+        n.last.apply(kd_kernels::cpu::level(), hidden),
+    );
+    lm_head.project(&normed, normed.len() / lm_head.dims()[1])
 }

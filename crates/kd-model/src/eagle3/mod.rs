@@ -356,8 +356,9 @@ impl Eagle3Draft {
                 .val()
                 .select(0, ids.reshape([s]))
                 .into_data()
+                .convert::<f32>()
                 .try_into_vec::<f32>()
-                .expect("the embedding is f32");
+                .expect("converted to f32");
             let hidden = hidden
                 .into_data()
                 .try_into_vec::<f32>()

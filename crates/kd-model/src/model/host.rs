@@ -35,13 +35,19 @@ pub(crate) struct HostLayer {
     biases: [Option<Vec<f32>>; 7],
 }
 
+/// An RMSNorm's weight and ε on the host.
 #[derive(Debug, Clone)]
-struct HostNorm {
+pub(crate) struct HostNorm {
     gamma: Vec<f32>,
     eps: f32,
 }
 
 impl HostNorm {
+    /// The norm with weight `gamma` and ε `eps`.
+    pub(crate) fn new(gamma: Vec<f32>, eps: f32) -> Self {
+        Self { gamma, eps }
+    }
+
     fn of(norm: &RmsNorm) -> Option<Self> {
         Some(Self {
             gamma: host_values(&norm.gamma.val())?,
@@ -50,7 +56,7 @@ impl HostNorm {
     }
 
     /// `x` in rows of `gamma.len()` values, normalised (the fused RMSNorm's row kernel).
-    fn apply(&self, simd: SimdLevel, x: &[f32]) -> Vec<f32> {
+    pub(crate) fn apply(&self, simd: SimdLevel, x: &[f32]) -> Vec<f32> {
         let mut y = vec![0f32; x.len()];
         ops::norm::rms_norm_rows(simd, &mut y, x, &self.gamma, self.eps);
         y
