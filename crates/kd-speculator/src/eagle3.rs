@@ -30,6 +30,7 @@ use kd_model::{DraftVocab, Eagle3Config, Eagle3Draft, ForwardOptions, HiddenStat
 use kd_train::{
     StepLoss, StepLossFn, TrainConfig, TrainError, TrainMode, Trainable, Trainer, token_batch,
 };
+use rayon::prelude::*;
 
 use crate::acceptance::{CheckpointDraft, CheckpointEval, Eagle3Source, TrainingWatcher};
 use crate::config::DraftHeadInit;
@@ -382,18 +383,36 @@ impl Eagle3Loss<'_> {
         let (b, s) = (batch.batch_size, batch.seq_len);
         let real: Vec<Vec<usize>> = (0..b).map(|r| real_positions(batch, r)).collect();
         let keys: Vec<Vec<u32>> = (0..b).map(|r| row_key(batch, r, &real[r])).collect();
-        let mut rows = Vec::with_capacity(b);
-        for (r, key) in keys.into_iter().enumerate() {
-            let row = match self.cache.get(&key) {
-                Some(row) => row,
-                None => {
-                    let row = Arc::new(self.run_row(&row_batch(batch, r, &real[r]))?);
-                    self.cache.insert(key, row.clone());
-                    row
-                }
-            };
-            rows.push(row);
+        // The rows the cache does not hold run through the target side by side: one row's
+        // pass is too narrow to keep every core busy (a projection of 192 or 576 outputs is
+        // one to three tasks), and what a row gets does not depend on the thread computing it.
+        let mut kept: Vec<Option<Arc<RowTargets>>> =
+            keys.iter().map(|key| self.cache.get(key)).collect();
+        let mut todo: Vec<usize> = Vec::new();
+        for r in 0..b {
+            if kept[r].is_none() && !todo.iter().any(|&q| keys[q] == keys[r]) {
+                todo.push(r);
+            }
         }
+        let computed: Vec<kd_train::Result<RowTargets>> = todo
+            .par_iter()
+            .map(|&r| self.run_row(&row_batch(batch, r, &real[r])))
+            .collect();
+        // Kept in row order, so that a budget fills with the same rows as one row at a time.
+        for (&r, row) in todo.iter().zip(computed) {
+            let row = Arc::new(row?);
+            self.cache.insert(keys[r].clone(), row.clone());
+            for q in r..b {
+                if kept[q].is_none() && keys[q] == keys[r] {
+                    kept[q] = Some(row.clone());
+                }
+            }
+        }
+        // Each row not kept has its key's first missing row in `todo`, filled above.
+        let rows: Vec<Arc<RowTargets>> = kept
+            .into_iter()
+            .map(|row| row.expect("every row is kept or computed"))
+            .collect();
         let d = self.target.config().hidden_size;
         let f = 3 * d;
         let dv = draft.vocab().len();
