@@ -329,6 +329,11 @@ fn row_batch(batch: &Batch, r: usize, real: &[usize]) -> Batch {
     }
 }
 
+/// Rows shorter than this (positions) run through the target side by side. A longer row's
+/// pass has GEMM tasks enough for every core, and each pass holds its `[positions, vocab]`
+/// logits (at 2048 positions of a 128k vocabulary, 1 GB), which two at once would double.
+const SIDE_BY_SIDE_BELOW: usize = 256;
+
 /// What one micro-batch's target pass gives the draft.
 struct TargetPass {
     ids: Tensor<2, Int>,
@@ -394,10 +399,13 @@ impl Eagle3Loss<'_> {
                 todo.push(r);
             }
         }
-        let computed: Vec<kd_train::Result<RowTargets>> = todo
-            .par_iter()
-            .map(|&r| self.run_row(&row_batch(batch, r, &real[r])))
-            .collect();
+        let run = |&r: &usize| self.run_row(&row_batch(batch, r, &real[r]));
+        let computed: Vec<kd_train::Result<RowTargets>> =
+            if todo.iter().all(|&r| real[r].len() < SIDE_BY_SIDE_BELOW) {
+                todo.par_iter().map(run).collect()
+            } else {
+                todo.iter().map(run).collect()
+            };
         // Kept in row order, so that a budget fills with the same rows as one row at a time.
         for (&r, row) in todo.iter().zip(computed) {
             let row = Arc::new(row?);
