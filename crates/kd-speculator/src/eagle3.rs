@@ -677,3 +677,87 @@ fn vocab_coverage(vocab: &DraftVocab, examples: &[Example]) -> f64 {
         hit as f64 / all as f64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kd_model::parse_device;
+
+    /// The rows of a micro-batch that the target computes side by side get the bits each gets
+    /// computed alone: SmolLM2 decoding from its Q4_1 blocks, four rows of 70–85 positions
+    /// (so the products dequantise their weights and run GEMMs in tasks), what the cache keeps
+    /// of each row against `run_row` on that row alone, bit for bit.
+    #[test]
+    fn rows_computed_side_by_side_are_the_rows_computed_alone() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            path.is_file(),
+            "{} is missing: run fixtures/fetch-smollm2.sh (the real-model tests need it)",
+            path.display()
+        );
+        let device = parse_device("cpu").unwrap();
+        let target = Llama::load_for_inference(&path, &device).unwrap();
+        assert!(
+            target.f32_copies_made().is_some(),
+            "decoding from the blocks"
+        );
+        let tc = target.config().clone();
+        let vocab_size = tc.vocab_size as u32;
+        let examples: Vec<Example> = (0..4usize)
+            .map(|i| {
+                let prompt: Vec<u32> = (0..20 + 5 * i)
+                    .map(|j| 300 + ((i * 131 + j * 17) as u32) % (vocab_size - 400))
+                    .collect();
+                let completion: Vec<u32> =
+                    (0..50).map(|j| 1000 + ((i + j * 7) % 90) as u32).collect();
+                let mut input_ids = prompt.clone();
+                input_ids.extend(&completion);
+                let mut labels = vec![-100i64; prompt.len()];
+                labels.extend(completion.iter().map(|&c| c as i64));
+                Example {
+                    id: format!("r{i}"),
+                    input_ids,
+                    labels,
+                    prompt_len: prompt.len(),
+                }
+            })
+            .collect();
+        let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 64).unwrap();
+        let draft = Eagle3Draft::new(
+            Eagle3Config::for_target(&tc, vocab.len()).unwrap(),
+            vocab,
+            target.embed_tokens.weight.val(),
+            &device,
+        )
+        .unwrap();
+        let loss = Eagle3Loss {
+            target: &target,
+            layers: default_feature_layers(tc.num_hidden_layers),
+            ttt_length: 1,
+            cache: TargetCache::new(1 << 30),
+        };
+        let rows: Vec<Vec<usize>> = (0..4).map(|r| vec![r]).collect();
+        let batch = kd_data::collate(&examples, &rows, 0, 128);
+        assert!(batch.seq_len >= 70, "rows of {} positions", batch.seq_len);
+        loss.target_pass(&batch, &draft, &device).unwrap();
+        assert_eq!(loss.cache.stats().misses, 4);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for r in 0..4 {
+            let real = real_positions(&batch, r);
+            assert!(real.len() >= 70 && real.len() < SIDE_BY_SIDE_BELOW);
+            let kept = loss.cache.get(&row_key(&batch, r, &real)).unwrap();
+            let alone = loss.run_row(&row_batch(&batch, r, &real)).unwrap();
+            assert!(
+                bits(&kept.features) == bits(&alone.features),
+                "row {r}: features"
+            );
+            assert!(
+                bits(&kept.last) == bits(&alone.last),
+                "row {r}: last hidden"
+            );
+            assert!(bits(&kept.log_z) == bits(&alone.log_z), "row {r}: log_z");
+            assert_eq!(kept.argmax, alone.argmax, "row {r}: argmax");
+        }
+    }
+}
