@@ -711,16 +711,8 @@ mod tests {
                     .collect();
                 let completion: Vec<u32> =
                     (0..50).map(|j| 1000 + ((i + j * 7) % 90) as u32).collect();
-                let mut input_ids = prompt.clone();
-                input_ids.extend(&completion);
-                let mut labels = vec![-100i64; prompt.len()];
-                labels.extend(completion.iter().map(|&c| c as i64));
-                Example {
-                    id: format!("r{i}"),
-                    input_ids,
-                    labels,
-                    prompt_len: prompt.len(),
-                }
+                let options = kd_data::ExampleOptions::default();
+                kd_data::build_example(&format!("r{i}"), &prompt, &completion, &options).0
             })
             .collect();
         let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 64).unwrap();
