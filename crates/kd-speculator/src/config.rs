@@ -185,7 +185,8 @@ pub struct SpeculatorConfig {
     pub draft_head_init: DraftHeadInit,
     /// EAGLE-3: memory, in MiB, for what the target gives each training row (its features and
     /// final hidden state), so that later epochs skip the target's forward pass;
-    /// rows beyond it run through the target every epoch (0: every row, every epoch).
+    /// rows beyond it run through the target every epoch (0: every row, every epoch). Each
+    /// data-parallel rank keeps its own rows up to it.
     pub target_cache_mb: usize,
 }
 

@@ -358,8 +358,8 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
     } else {
         format!(
             "computed by the target once per training row and kept in memory, {:.1} KB per \
-             token position, up to --target_cache_mb {} MiB (about {} positions; rows beyond \
-             it run through the target every epoch)",
+             token position, up to --target_cache_mb {} MiB per process (about {} positions; \
+             rows beyond it run through the target every epoch)",
             bytes_per_token as f64 / 1e3,
             config.target_cache_mb,
             config.target_cache_mb.saturating_mul(1 << 20) / bytes_per_token

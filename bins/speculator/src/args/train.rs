@@ -249,7 +249,7 @@ pub struct TrainArgs {
     pub draft_head_init: String,
     /// EAGLE-3: MiB of memory for the target's features and final hidden state of each
     /// training row, so that epochs after the first skip the target (0: run it on every
-    /// micro-batch).
+    /// micro-batch). Per process: N data-parallel ranks on one machine may hold N times it.
     #[arg(long, default_value_t = d().target_cache_mb)]
     pub target_cache_mb: usize,
 }
