@@ -320,7 +320,7 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Verification passes over a batch (a row's round is `verify_steps`).
     let batch_rounds =
-        |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(batches).max(1) as f64;
+        |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(s.prefill_forwards).max(1) as f64;
     for (k, p_min, rate, s, equal, seconds, decode_speedup) in rows {
         let rounds = s.verify_steps.max(1) as f64;
         let pass = s.verification_pass_seconds();

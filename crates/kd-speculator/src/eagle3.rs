@@ -391,7 +391,7 @@ impl Eagle3Loss<'_> {
         // The rows the cache does not hold run through the target side by side: one row's
         // pass is too narrow to keep every core busy (a projection of 192 or 576 outputs is
         // one to three tasks), and what a row gets does not depend on the thread computing it.
-        let mut kept: Vec<Option<Arc<RowTargets>>> =
+        let kept: Vec<Option<Arc<RowTargets>>> =
             keys.iter().map(|key| self.cache.get(key)).collect();
         let mut todo: Vec<usize> = Vec::new();
         for r in 0..b {
@@ -407,19 +407,20 @@ impl Eagle3Loss<'_> {
                 todo.iter().map(run).collect()
             };
         // Kept in row order, so that a budget fills with the same rows as one row at a time.
+        let mut fresh: HashMap<&[u32], Arc<RowTargets>> = HashMap::new();
         for (&r, row) in todo.iter().zip(computed) {
             let row = Arc::new(row?);
             self.cache.insert(keys[r].clone(), row.clone());
-            for q in r..b {
-                if kept[q].is_none() && keys[q] == keys[r] {
-                    kept[q] = Some(row.clone());
-                }
-            }
+            fresh.insert(&keys[r], row);
         }
-        // Each row not kept has its key's first missing row in `todo`, filled above.
+        // A row not kept has its key in `todo`, so in `fresh`.
         let rows: Vec<Arc<RowTargets>> = kept
             .into_iter()
-            .map(|row| row.expect("every row is kept or computed"))
+            .zip(&keys)
+            .map(|(row, key)| {
+                row.or_else(|| fresh.get(key.as_slice()).cloned())
+                    .expect("every row is kept or computed")
+            })
             .collect();
         let d = self.target.config().hidden_size;
         let f = 3 * d;
