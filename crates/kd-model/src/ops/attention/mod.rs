@@ -32,6 +32,9 @@ use crate::error::{ModelError, Result};
 pub(crate) const QUERY_BLOCK: usize = 64;
 /// Keys per block of the online softmax.
 pub(crate) const KEY_BLOCK: usize = 256;
+/// Queries per batch row up to which each query is computed alone, over its own keys (the
+/// bits of a one-token pass); longer passes take blocks of [`QUERY_BLOCK`].
+pub(crate) const ROW_BY_ROW: usize = 16;
 
 /// The mask and scale of one attention call, with the key span of every block of queries.
 ///
@@ -289,12 +292,11 @@ pub(crate) fn forward(
             let mh = &mask[bi * s * t..][..s * t];
             let mut scores = vec![0f32; QUERY_BLOCK * KEY_BLOCK.min(t)];
             let mut state = [(f32::NEG_INFINITY, 0f32, 1f32); QUERY_BLOCK];
-            for (blk, &(k0, k1)) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
+            // Queries i0..i0 + rb against keys k0..k1, in blocks of KEY_BLOCK from k0.
+            let mut attend = |i0: usize, rb: usize, (k0, k1): (usize, usize)| {
                 if k1 == 0 {
-                    continue; // rows that see no key: output 0, lse −∞
+                    return; // rows that see no key: output 0, lse −∞
                 }
-                let i0 = blk * QUERY_BLOCK;
-                let rb = QUERY_BLOCK.min(s - i0);
                 state[..rb].fill((f32::NEG_INFINITY, 0.0, 1.0));
                 for kb0 in (k0..k1).step_by(KEY_BLOCK) {
                     let kl = KEY_BLOCK.min(k1 - kb0);
@@ -338,6 +340,24 @@ pub(crate) fn forward(
                         lse[i0 + r] = m + ln(l);
                     }
                 }
+            };
+            if s <= ROW_BY_ROW {
+                // A decoding pass of a few tokens (a speculative verification): each query
+                // alone over its own keys, as a one-token pass computes it, so that a row's
+                // output does not depend on the other rows of the pass.
+                for i in 0..s {
+                    let row = &mh[i * t..][..t];
+                    let span = match row.iter().position(|m| !m) {
+                        Some(first) => (first, row.iter().rposition(|m| !m).unwrap_or(first) + 1),
+                        None => (0, 0),
+                    };
+                    attend(i, 1, span);
+                }
+                return;
+            }
+            for (blk, &span) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
+                let i0 = blk * QUERY_BLOCK;
+                attend(i0, QUERY_BLOCK.min(s - i0), span);
             }
         });
     (out, lse)
