@@ -81,6 +81,10 @@ struct Args {
     /// the draft alike.
     #[arg(long)]
     int8: bool,
+    /// `--int8` with the target's Q4_1 and Q8_0 products on AMX tiles
+    /// (`Llama::with_amx_tiles`; CPUs with AMX-INT8 only).
+    #[arg(long)]
+    amx: bool,
     /// Stop drafting at the first draft whose probability under the draft is below this
     /// (llama.cpp's --draft-p-min; 0 always drafts k); several (`0,0.5`) measure each, for
     /// every k.
@@ -139,7 +143,14 @@ fn main() -> Result<()> {
     let device = parse_device("cpu")?;
     device.seed(args.seed);
     std::fs::create_dir_all(&args.out)?;
-    let target = Llama::load_for_inference(&args.target, &device)?.with_int8_activations(args.int8);
+    let int8 = args.int8 || args.amx;
+    let target = Llama::load_for_inference(&args.target, &device)?
+        .with_int8_activations(int8)
+        .with_amx_tiles(args.amx);
+    anyhow::ensure!(
+        !args.amx || target.amx_tiles(),
+        "--amx: this CPU (or KD_SIMD) offers no AMX-INT8 tiles, or the target no Q4_1/Q8_0 blocks"
+    );
     let tc = target.config().clone();
     // A model directory or a .gguf file alike.
     let tokenizer = ChatTokenizer::from_dir(&args.target)?;
@@ -263,7 +274,7 @@ fn main() -> Result<()> {
                 // ones a multi-token pass may round differently from one-token passes
                 // (counted).
                 anyhow::ensure!(
-                    args.int8 || c.ids == *plain,
+                    int8 || c.ids == *plain,
                     "k {}, draft_p_min {}: prompt {} differs from the target alone",
                     spec.k,
                     spec.draft_p_min,

@@ -55,7 +55,8 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     verify: Vec<usize>,
     /// Which of our paths to run (`f32`; `packed`, decoding layers on the host; `packed-ops`,
-    /// the same blocks with each layer as Burn operations; `int8`).
+    /// the same blocks with each layer as Burn operations; `int8`; `amx`, int8 on AMX tiles
+    /// where the CPU has AMX-INT8).
     #[arg(long, value_delimiter = ',', default_value = "f32,packed,int8")]
     paths: Vec<String>,
     /// Directory with llama.cpp's `llama-batched-bench` (`fixtures/build-llama-server.sh`).
@@ -64,7 +65,7 @@ struct Args {
 }
 
 /// Our decoding paths, in the order they run.
-const PATHS: [&str; 4] = ["f32", "packed", "packed-ops", "int8"];
+const PATHS: [&str; 5] = ["f32", "packed", "packed-ops", "int8", "amx"];
 
 fn main() -> Result<()> {
     let args = Args::parse();
@@ -81,7 +82,7 @@ fn main() -> Result<()> {
     let device = parse_device("cpu")?;
     let mut ours = Vec::new();
     if let Some(bad) = args.paths.iter().find(|p| !PATHS.contains(&p.as_str())) {
-        bail!("--paths {bad}: the paths are f32, packed, packed-ops and int8");
+        bail!("--paths {bad}: the paths are f32, packed, packed-ops, int8 and amx");
     }
     for label in PATHS {
         if !args.paths.iter().any(|p| p == label) {
@@ -91,11 +92,15 @@ fn main() -> Result<()> {
         let packed = label != "f32";
         let mut model = if packed {
             Llama::load_for_inference(&args.model, &device)?
-                .with_int8_activations(label == "int8")
+                .with_int8_activations(label == "int8" || label == "amx")
+                .with_amx_tiles(label == "amx")
                 .with_host_layers(label != "packed-ops")
         } else {
             Llama::load(&args.model, &device)?
         };
+        if label == "amx" && !model.amx_tiles() {
+            bail!("--paths amx: this CPU (or KD_SIMD) offers no AMX-INT8 tiles");
+        }
         if let Some(n) = args.keep_layers {
             model = model.keep_layers(&(0..n).collect::<Vec<_>>())?;
         }
@@ -109,6 +114,7 @@ fn main() -> Result<()> {
                     "lean: the quantised blocks, f32 copies made only on demand; f32 activations",
                 "packed-ops" =>
                     "the same blocks, each layer as Burn operations (f32 copies for wide passes)",
+                "amx" => "the blocks with 8-bit activations, integer products on AMX tiles",
                 _ => "the blocks with 8-bit activations, integer dot products",
             }
         );

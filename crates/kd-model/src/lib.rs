@@ -201,10 +201,12 @@ impl Llama {
     /// computes: each product's input rows are quantised to 8-bit blocks of 32 (Q8_1; for
     /// K-quant weights super-blocks of 256, Q8_K) and meet the weights' blocks in integer dot
     /// products (AVX2, or AVX-512 VNNI where the CPU has it). Faster than dequantising each block to f32, and no longer the f32 copy's
-    /// arithmetic. A row's products do not depend on the rest of the batch, but 8-bit
-    /// rounding can turn the last-bit differences of a multi-token pass (attention) into
-    /// another greedy token, so speculative decoding reproduces plain decoding on most rows,
-    /// not all. No effect on a model without
+    /// arithmetic. A row's products do not depend on the rest of the batch, and attention
+    /// takes a pass of up to 16 tokens per row token by token, so such a pass (a speculative
+    /// verification) gives each row the bits of one-token passes. Longer passes (a prompt, a
+    /// standalone draft's first pass over the prompt and its drafts) round differently from
+    /// one-token passes in their last bits, which 8-bit rounding can turn into another greedy
+    /// token. No effect on a model without
     /// packed blocks, on passes of more than a few rows (prefill, training), or below AVX2
     /// (`KD_SIMD=scalar`), where decoding reads the blocks' f32 values.
     pub fn with_int8_activations(mut self, on: bool) -> Self {
@@ -212,6 +214,29 @@ impl Llama {
             std::sync::Arc::make_mut(p).set_int8(on);
         }
         self
+    }
+
+    /// The 8-bit products of Q4_1 and Q8_0 blocks ([`with_int8_activations`](Self::with_int8_activations)
+    /// on) run on Intel AMX tiles, where the CPU has AMX-INT8 (Sapphire Rapids and later
+    /// Xeons) and the SIMD level in use is AVX-512: one tile instruction takes up to 16
+    /// tokens, so a pass over a few tokens (a speculative verification) costs about what one
+    /// costs. Each block's 32 products are summed exactly in one integer, where the AVX-512
+    /// kernels (and ggml) sum eight lanes of four apart: other rounding, not ggml's bits,
+    /// still independent of the rest of the batch. The weights are repacked once (about
+    /// 0.6 byte per weight for Q4_1, 1.1 for Q8_0, beside the GGUF file's mapped blocks).
+    /// No effect without 8-bit activations or elsewhere; [`amx_tiles`](Self::amx_tiles) says
+    /// whether it took. Call it after `with_int8_activations` (which drops the tiles when
+    /// turned off).
+    pub fn with_amx_tiles(mut self, on: bool) -> Self {
+        if let Some(p) = self.packed.as_mut() {
+            std::sync::Arc::make_mut(p).set_amx(on);
+        }
+        self
+    }
+
+    /// Whether some packed product runs on AMX tiles ([`with_amx_tiles`](Self::with_amx_tiles)).
+    pub fn amx_tiles(&self) -> bool {
+        self.packed.as_ref().is_some_and(|p| p.amx())
     }
 
     /// Decoding from Q8_0 blocks made now from the f32 weights (every projection and the LM

@@ -28,6 +28,7 @@ use crate::model::{HostLayer, LayerPacks};
 use crate::q8::{self, Q8Rows};
 use crate::q8k::{Q8KRows, is_kquant};
 
+mod amx;
 pub(crate) mod group;
 mod kernels;
 use kernels::Kernel;
@@ -149,10 +150,42 @@ impl Packed {
     pub fn set_int8(&mut self, on: bool) {
         for m in self.layers.iter_mut().flatten().flatten() {
             m.int8 = on;
+            m.amx = m.amx.take().filter(|_| on);
         }
         if let Some(h) = &mut self.head {
             h.int8 = on;
+            h.amx = h.amx.take().filter(|_| on);
         }
+    }
+
+    /// Runs the 8-bit products of Q4_1 and Q8_0 matrices on AMX tiles ([`amx`]) where this
+    /// process can use them, or back on the AVX-512 kernels; returns whether any matrix takes
+    /// tiles. Applies to the matrices set to 8-bit activations.
+    pub fn set_amx(&mut self, on: bool) -> bool {
+        let on = on && amx::available();
+        for m in self
+            .layers
+            .iter_mut()
+            .flatten()
+            .flatten()
+            .chain(&mut self.head)
+        {
+            m.amx = (on && m.int8)
+                .then(|| amx::AmxMatrix::new(m.ty, m.rows, m.cols, &m.bytes))
+                .flatten()
+                .map(std::sync::Arc::new);
+        }
+        self.amx()
+    }
+
+    /// Whether some matrix runs on AMX tiles.
+    pub fn amx(&self) -> bool {
+        self.layers
+            .iter()
+            .flatten()
+            .flatten()
+            .chain(&self.head)
+            .any(|m| m.amx.is_some())
     }
 
     /// Whether the matrices take 8-bit activations.
@@ -196,6 +229,8 @@ pub struct PackedMatrix {
     bytes: SharedBytes,
     /// Whether products quantise their input to 8 bits ([`q8`]) instead of dequantising.
     int8: bool,
+    /// The blocks in AMX tiles' layout, where 8-bit products run on them ([`amx`]).
+    amx: Option<std::sync::Arc<amx::AmxMatrix>>,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -288,6 +323,12 @@ pub(crate) fn project_all(ms: &[&PackedMatrix], x: &[f32], n: usize) -> Vec<Vec<
                     q8_kernel.dot_row_k(m.ty, row, xk, acc, nb, j)
                 })
             }
+            (Some(xq), _) if m.amx.is_some() => {
+                let tiles = m.amx.as_ref().expect("tiles");
+                // Tasks start at multiples of 64 outputs, and tiled matrices have a multiple
+                // of 16 (`AmxMatrix::new`).
+                tiles.rows(xq, range, acc)
+            }
             (Some(xq), _) if m.int8 && !is_kquant(m.ty) => {
                 m.int8_rows(range, acc, |row, acc, nb, j| {
                     q8_kernel.dot_row(m.ty, row, xq, acc, nb, j)
@@ -326,6 +367,7 @@ impl PackedMatrix {
             cols,
             bytes,
             int8: false,
+            amx: None,
         })
     }
 

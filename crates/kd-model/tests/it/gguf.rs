@@ -589,3 +589,48 @@ fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
     };
     assert_eq!(lean.f32_copies_made(), Some((made, 211)));
 }
+
+/// SmolLM2's Q4_1 blocks: a cached pass over 2 to 16 new tokens (a speculative
+/// verification) gives each row the logits of one-token passes bit for bit, with f32
+/// activations, 8-bit ones, and 8-bit ones on AMX tiles where the CPU has them: attention
+/// computes a pass of at most 16 queries row by row, each over its own keys, as a one-token
+/// pass does.
+#[test]
+fn smollm2_short_passes_give_each_row_the_bits_of_one_token_passes() {
+    use kd_model::ForwardOptions;
+    let base = Llama::load_for_inference(smollm2(), &cpu()).unwrap();
+    let int8 = base.clone().with_int8_activations(true);
+    let amx = int8.clone().with_amx_tiles(true);
+    let mut models = vec![("f32", base), ("int8", int8)];
+    if amx.amx_tiles() {
+        models.push(("int8 on AMX tiles", amx));
+    }
+    let ids: Vec<u32> = (0..40).map(|j| (100 + j * 977 % 40_000) as u32).collect();
+    let (prompt, extra) = ids.split_at(21);
+    let options = ForwardOptions::default();
+    let logits = |m: &Llama, cache: &mut kd_model::KvCache, fed: &[u32]| {
+        let out = m
+            .forward_cached(&TokenBatch::single(fed), cache, &options)
+            .unwrap();
+        kd_model::generate::to_host(out.into_logits().unwrap())
+    };
+    for (name, m) in &models {
+        let mut cache = m.new_cache();
+        logits(m, &mut cache, prompt);
+        let start = cache.real_lengths()[0];
+        let one: Vec<Vec<f32>> = (0..16)
+            .map(|t| logits(m, &mut cache, &extra[t..t + 1]))
+            .collect();
+        let v = one[0].len();
+        for n in [2, 5, 16] {
+            cache.truncate(&[start]).unwrap();
+            let many = logits(m, &mut cache, &extra[..n]);
+            for (t, row) in one.iter().enumerate().take(n) {
+                assert!(
+                    many[t * v..(t + 1) * v] == row[..],
+                    "{name}: row {t} of a pass over {n}"
+                );
+            }
+        }
+    }
+}
