@@ -46,9 +46,11 @@ const ROW_PAD: usize = 8;
 /// the x86-64 baseline, where `f32::round_ties_even` is a call to the C library per value.
 #[inline(always)]
 pub(crate) fn round_small(v: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
+    (v + ROUND_MAGIC) - ROUND_MAGIC
 }
+
+/// 1.5 · 2²³: adding and taking it away rounds |v| < 2²² to an integer, ties to even.
+const ROUND_MAGIC: f32 = 12_582_912.0;
 
 /// `v` rounded to the nearest integer, halves away from zero (`f32::round`), for |v| < 2²²:
 /// [`round_small`], with a half moved away from zero (`v ± 0.5` is exact there).
@@ -66,6 +68,92 @@ fn f16_round(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
 
+/// Blocks of 32 values of `x` to 8 bits as ggml's reference `quantize_row_q8_1` does
+/// (`d = amax / 127`, `q = round(x / d)`, halves away from zero) into `q`, each block's `d`
+/// into `scales` and `Σq` into `sums`; on AVX-512 sixteen values at a time, with the same
+/// float operations (so the same bits).
+fn quantize_blocks(
+    level: kd_kernels::cpu::SimdLevel,
+    x: &[f32],
+    q: &mut [i8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+) {
+    assert!(x.len() == q.len() && x.len() == 32 * scales.len() && scales.len() == sums.len());
+    #[cfg(target_arch = "x86_64")]
+    if level.min(kd_kernels::cpu::detected()) >= kd_kernels::cpu::SimdLevel::Avx512 {
+        // SAFETY: the CPU has AVX-512 F/BW/DQ (`detected`); the lengths are asserted above.
+        unsafe { quantize_blocks_avx512(x, q, scales, sums) };
+        return;
+    }
+    let _ = level;
+    for (((xs, qs), scale), sum) in x
+        .chunks_exact(32)
+        .zip(q.chunks_exact_mut(32))
+        .zip(scales.iter_mut())
+        .zip(sums.iter_mut())
+    {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        *scale = amax / 127.0;
+        let inv = if *scale != 0.0 { 1.0 / *scale } else { 0.0 };
+        let mut total = 0i32;
+        for (v, o) in xs.iter().zip(qs.iter_mut()) {
+            // `as` saturates; |v · inv| <= 127 up to rounding.
+            *o = round_away_small(v * inv) as i8;
+            total += i32::from(*o);
+        }
+        *sum = total;
+    }
+}
+
+/// [`quantize_blocks`] sixteen values at a time.
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW and DQ; `x` and `q` hold `32 · scales.len()` values and `sums`
+/// `scales.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq")]
+unsafe fn quantize_blocks_avx512(x: &[f32], q: &mut [i8], scales: &mut [f32], sums: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let (sign, half, magic) = (
+        _mm512_set1_ps(-0.0),
+        _mm512_set1_ps(0.5),
+        _mm512_set1_ps(ROUND_MAGIC),
+    );
+    for (i, (scale, sum)) in scales.iter_mut().zip(sums.iter_mut()).enumerate() {
+        // SAFETY: values 32i..32i + 32 of x and q (the caller's lengths).
+        let (xp, qp) = unsafe { (x.as_ptr().add(32 * i), q.as_mut_ptr().add(32 * i)) };
+        let v = unsafe { [_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16))] };
+        // The largest magnitude (a maximum is exact in any order).
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(
+            _mm512_andnot_ps(sign, v[0]),
+            _mm512_andnot_ps(sign, v[1]),
+        ));
+        *scale = amax / 127.0;
+        let inv = _mm512_set1_ps(if *scale != 0.0 { 1.0 / *scale } else { 0.0 });
+        let mut total = _mm512_setzero_si512();
+        for (h, v) in v.into_iter().enumerate() {
+            // round_away_small(v · inv): ties to even by the magic number, then a half moved
+            // away from zero; NaN (which `as` maps to 0) cannot occur for finite inputs.
+            let y = _mm512_mul_ps(v, inv);
+            let r = _mm512_sub_ps(_mm512_add_ps(y, magic), magic);
+            let away = _mm512_add_ps(y, _mm512_or_ps(half, _mm512_and_ps(sign, y)));
+            let tie =
+                _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_andnot_ps(sign, _mm512_sub_ps(y, r)), half);
+            let r = _mm512_mask_blend_ps(tie, r, away);
+            // Integers within ±127 (up to rounding: clamped as `as i8` saturates).
+            let n = _mm512_cvttps_epi32(_mm512_min_ps(
+                _mm512_max_ps(r, _mm512_set1_ps(-128.0)),
+                _mm512_set1_ps(127.0),
+            ));
+            // SAFETY: 16 bytes of q at 32i + 16h.
+            unsafe { _mm_storeu_si128(qp.add(16 * h) as *mut __m128i, _mm512_cvtepi32_epi8(n)) };
+            total = _mm512_add_epi32(total, n);
+        }
+        *sum = _mm512_reduce_add_epi32(total);
+    }
+}
+
 impl Q8Rows {
     /// Quantises `x [n, cols]` (row-major, `cols` a multiple of 32) as ggml's reference
     /// `quantize_row_q8_1` does: `d = amax / 127`, `q = round(x / d)` (halves away from zero).
@@ -76,22 +164,15 @@ impl Q8Rows {
         );
         let (groups, padded) = (cols / 32, n.next_multiple_of(ROW_PAD));
         let mut q = vec![0i8; n * cols];
+        let (mut scales, mut sums) = (vec![0f32; n * groups], vec![0i32; n * groups]);
+        quantize_blocks(kd_kernels::cpu::level(), x, &mut q, &mut scales, &mut sums);
         let mut d = vec![0f32; groups * padded];
         let mut s = vec![0f32; groups * padded];
-        for (i, (xs, qs)) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).enumerate() {
-            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (v, o) in xs.iter().zip(qs.iter_mut()) {
-                // `as` saturates; |v · inv| <= 127 up to rounding.
-                *o = round_away_small(v * inv) as i8;
-                sum += i32::from(*o);
-            }
+        for (i, (scale, sum)) in scales.iter().zip(&sums).enumerate() {
             // Block i is row i / groups's block i % groups.
             let at = (i % groups) * padded + i / groups;
-            d[at] = f16_round(scale);
-            s[at] = f16_round(sum as f32 * scale);
+            d[at] = f16_round(*scale);
+            s[at] = f16_round(*sum as f32 * scale);
         }
         Self {
             n,
@@ -428,6 +509,57 @@ mod tests {
                 assert_eq!(round_small(v), v.round_ties_even(), "{v}");
                 assert_eq!(round_away_small(v), v.round(), "{v}");
             }
+        }
+    }
+
+    /// Every SIMD level quantises as the scalar loop, bit for bit: random values, exact
+    /// halves of a step, zeros, a block of one value.
+    #[test]
+    fn quantisation_is_the_same_at_every_simd_level() {
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        let mut x: Vec<f32> = (0..64 * 32)
+            .map(|_| ((next() % 20001) as f32 - 10000.0) * 1e-3)
+            .collect();
+        // Block 1: halves of the step 1/127 · amax (amax 127: steps of 1).
+        for (i, v) in x[32..64].iter_mut().enumerate() {
+            *v = i as f32 - 15.5;
+        }
+        x[63] = 127.0;
+        x[64..96].fill(0.0);
+        x[96..128].fill(-3.25);
+        let blocks = x.len() / 32;
+        let mut want = (vec![0i8; x.len()], vec![0f32; blocks], vec![0i32; blocks]);
+        quantize_blocks(
+            kd_kernels::cpu::SimdLevel::Scalar,
+            &x,
+            &mut want.0,
+            &mut want.1,
+            &mut want.2,
+        );
+        assert_eq!(
+            want.0[32..36],
+            [-16, -15, -14, -13],
+            "halves away from zero"
+        );
+        for level in [
+            kd_kernels::cpu::SimdLevel::Avx2,
+            kd_kernels::cpu::SimdLevel::Avx512,
+        ] {
+            let mut got = (vec![0i8; x.len()], vec![0f32; blocks], vec![0i32; blocks]);
+            quantize_blocks(level, &x, &mut got.0, &mut got.1, &mut got.2);
+            assert_eq!(got.0, want.0, "{level:?}");
+            assert_eq!(
+                got.1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{level:?}"
+            );
+            assert_eq!(got.2, want.2, "{level:?}");
         }
     }
 
