@@ -323,6 +323,50 @@ macro_rules! one_block {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 unsafe fn rows_amx(w: &AmxMatrix, x: &Q8Rows, range: Range<usize>, acc: &mut [f32]) {
+    for r0 in (0..x.n).step_by(INPUT_ROWS) {
+        let m = (x.n - r0).min(INPUT_ROWS);
+        // SAFETY: (caller) the tile state is granted.
+        unsafe { configure(m) };
+        // SAFETY: (caller) as for this function; rows r0..r0 + m of x, m tiles' rows.
+        unsafe {
+            match m {
+                1 => tile_rows::<1>(w, x, &range, acc, r0),
+                2 => tile_rows::<2>(w, x, &range, acc, r0),
+                3 => tile_rows::<3>(w, x, &range, acc, r0),
+                4 => tile_rows::<4>(w, x, &range, acc, r0),
+                5 => tile_rows::<5>(w, x, &range, acc, r0),
+                6 => tile_rows::<6>(w, x, &range, acc, r0),
+                7 => tile_rows::<7>(w, x, &range, acc, r0),
+                8 => tile_rows::<8>(w, x, &range, acc, r0),
+                9 => tile_rows::<9>(w, x, &range, acc, r0),
+                10 => tile_rows::<10>(w, x, &range, acc, r0),
+                11 => tile_rows::<11>(w, x, &range, acc, r0),
+                12 => tile_rows::<12>(w, x, &range, acc, r0),
+                13 => tile_rows::<13>(w, x, &range, acc, r0),
+                14 => tile_rows::<14>(w, x, &range, acc, r0),
+                15 => tile_rows::<15>(w, x, &range, acc, r0),
+                _ => tile_rows::<16>(w, x, &range, acc, r0),
+            }
+        }
+    }
+    // SAFETY: (caller) the tile state is granted; releasing it is always valid.
+    unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Input rows `r0..r0 + M` (the tiles configured for `M` rows) against outputs `range`,
+/// the accumulators of the `M` rows in registers.
+///
+/// # Safety
+/// As [`rows_amx`], with the tiles configured for `M` rows and `r0 + M <= x.n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn tile_rows<const M: usize>(
+    w: &AmxMatrix,
+    x: &Q8Rows,
+    range: &Range<usize>,
+    acc: &mut [f32],
+    r0: usize,
+) {
     use std::arch::x86_64::*;
     let (nb, cols, blocks) = (range.len(), w.cols, w.cols / 32);
     let (tile, chunk, q4) = (tile_bytes(w.ty), chunk_bytes(w.ty), w.ty == GgmlType::Q4_1);
@@ -330,99 +374,89 @@ unsafe fn rows_amx(w: &AmxMatrix, x: &Q8Rows, range: Range<usize>, acc: &mut [f3
     let mut scratch = Aligned([0u8; 4 * 512]);
     let (sp, cp) = (scratch.0.as_mut_ptr(), sums.0.as_mut_ptr());
     let low = _mm512_set1_epi8(0x0f);
-    for r0 in (0..x.n).step_by(INPUT_ROWS) {
-        let m = (x.n - r0).min(INPUT_ROWS);
-        // SAFETY: (caller) the tile state is granted.
-        unsafe { configure(m) };
-        for g in range.start / OUTPUTS..range.end / OUTPUTS {
-            let mut out = [_mm512_setzero_ps(); INPUT_ROWS];
-            let mut b = 0;
-            while b < blocks {
-                let t = (blocks - b).min(4);
-                let mut tiles = [std::ptr::null::<u8>(); 4];
-                for (i, tp) in tiles.iter_mut().enumerate().take(t) {
-                    let at = (g * blocks + b + i) * chunk;
-                    // The stream of chunks, PREFETCH bytes ahead (a hint: any address).
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        w.data.as_ptr().wrapping_add(at + PREFETCH) as *const i8
-                    );
-                    // SAFETY: chunk g · blocks + b + i < rows / 16 · blocks, within `data`.
-                    let c = unsafe { w.data.as_ptr().add(at) };
-                    *tp = if q4 {
-                        // 4-bit values two to a byte: low nibbles are tile rows 0–3, high
-                        // ones rows 4–7.
-                        // SAFETY: 256 bytes of the chunk; 512 of the scratch tile i.
-                        unsafe {
-                            let s = sp.add(i * 512);
-                            for q in 0..4 {
-                                let v = _mm512_loadu_si512(c.add(q * 64) as *const _);
-                                _mm512_store_si512(
-                                    s.add(q * 64) as *mut _,
-                                    _mm512_and_si512(v, low),
-                                );
-                                let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                                _mm512_store_si512(s.add(256 + q * 64) as *mut _, hi);
-                            }
-                            s
-                        }
-                    } else {
-                        c
-                    };
-                }
-                // SAFETY: rows r0..r0 + m of the inputs' blocks b..b + t are within `x.q`
-                // (m rows of 32 bytes at stride cols); the weight tiles are 512 bytes each.
-                unsafe {
-                    let a = x.q.as_ptr().add(r0 * cols + b * 32);
-                    match (t, q4) {
-                        (4, true) => four_blocks!("tdpbsud", a, cols, tiles, cp),
-                        (4, false) => four_blocks!("tdpbssd", a, cols, tiles, cp),
-                        _ => {
-                            for (i, tp) in tiles.iter().enumerate().take(t) {
-                                let (a, c) = (a.add(i * 32), cp.add(i * 256));
-                                if q4 {
-                                    one_block!("tdpbsud", a, cols, *tp, c);
-                                } else {
-                                    one_block!("tdpbssd", a, cols, *tp, c);
-                                }
-                            }
-                        }
-                    }
-                }
-                for i in 0..t {
-                    let blk = b + i;
-                    // SAFETY: the chunk's scales (and minimums) follow its tile; the sums are
-                    // m rows of 16 of tile i; d and s hold `blocks · padded` values.
+    for g in range.start / OUTPUTS..range.end / OUTPUTS {
+        let mut out = [_mm512_setzero_ps(); M];
+        let mut b = 0;
+        while b < blocks {
+            let t = (blocks - b).min(4);
+            let mut tiles = [std::ptr::null::<u8>(); 4];
+            for (i, tp) in tiles.iter_mut().enumerate().take(t) {
+                let at = (g * blocks + b + i) * chunk;
+                // The stream of chunks, PREFETCH bytes ahead (a hint: any address).
+                _mm_prefetch::<_MM_HINT_T0>(
+                    w.data.as_ptr().wrapping_add(at + PREFETCH) as *const i8
+                );
+                // SAFETY: chunk g · blocks + b + i < rows / 16 · blocks, within `data`.
+                let c = unsafe { w.data.as_ptr().add(at) };
+                *tp = if q4 {
+                    // 4-bit values two to a byte: low nibbles are tile rows 0–3, high
+                    // ones rows 4–7.
+                    // SAFETY: 256 bytes of the chunk; 512 of the scratch tile i.
                     unsafe {
-                        let c = w.data.as_ptr().add((g * blocks + blk) * chunk + tile);
-                        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(c as *const _));
-                        let mw = _mm512_cvtph_ps(_mm256_loadu_si256(c.add(32) as *const _));
-                        let (dx, sx) = (
-                            x.d.as_ptr().add(blk * x.padded + r0),
-                            x.s.as_ptr().add(blk * x.padded + r0),
-                        );
-                        for (r, o) in out.iter_mut().enumerate().take(m) {
-                            let p = _mm512_cvtepi32_ps(_mm512_load_si512(
-                                cp.add(i * 256 + r * 16) as *const _
-                            ));
-                            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx.add(r)));
-                            *o = _mm512_fmadd_ps(p, scale, *o);
+                        let s = sp.add(i * 512);
+                        for q in 0..4 {
+                            let v = _mm512_loadu_si512(c.add(q * 64) as *const _);
+                            _mm512_store_si512(s.add(q * 64) as *mut _, _mm512_and_si512(v, low));
+                            let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                            _mm512_store_si512(s.add(256 + q * 64) as *mut _, hi);
+                        }
+                        s
+                    }
+                } else {
+                    c
+                };
+            }
+            // SAFETY: rows r0..r0 + m of the inputs' blocks b..b + t are within `x.q`
+            // (m rows of 32 bytes at stride cols); the weight tiles are 512 bytes each.
+            unsafe {
+                let a = x.q.as_ptr().add(r0 * cols + b * 32);
+                match (t, q4) {
+                    (4, true) => four_blocks!("tdpbsud", a, cols, tiles, cp),
+                    (4, false) => four_blocks!("tdpbssd", a, cols, tiles, cp),
+                    _ => {
+                        for (i, tp) in tiles.iter().enumerate().take(t) {
+                            let (a, c) = (a.add(i * 32), cp.add(i * 256));
                             if q4 {
-                                *o = _mm512_fmadd_ps(mw, _mm512_set1_ps(*sx.add(r)), *o);
+                                one_block!("tdpbsud", a, cols, *tp, c);
+                            } else {
+                                one_block!("tdpbssd", a, cols, *tp, c);
                             }
                         }
                     }
                 }
-                b += t;
             }
-            let j = g * OUTPUTS - range.start;
-            for (r, o) in out.iter().enumerate().take(m) {
-                // SAFETY: row r0 + r < n, outputs j..j + 16 <= nb: within `acc [n, nb]`.
-                unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add((r0 + r) * nb + j), *o) };
+            for i in 0..t {
+                let blk = b + i;
+                // SAFETY: the chunk's scales (and minimums) follow its tile; the sums are
+                // m rows of 16 of tile i; d and s hold `blocks · padded` values.
+                unsafe {
+                    let c = w.data.as_ptr().add((g * blocks + blk) * chunk + tile);
+                    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(c as *const _));
+                    let mw = _mm512_cvtph_ps(_mm256_loadu_si256(c.add(32) as *const _));
+                    let (dx, sx) = (
+                        x.d.as_ptr().add(blk * x.padded + r0),
+                        x.s.as_ptr().add(blk * x.padded + r0),
+                    );
+                    for (r, o) in out.iter_mut().enumerate() {
+                        let p = _mm512_cvtepi32_ps(_mm512_load_si512(
+                            cp.add(i * 256 + r * 16) as *const _
+                        ));
+                        let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*dx.add(r)));
+                        *o = _mm512_fmadd_ps(p, scale, *o);
+                        if q4 {
+                            *o = _mm512_fmadd_ps(mw, _mm512_set1_ps(*sx.add(r)), *o);
+                        }
+                    }
+                }
             }
+            b += t;
+        }
+        let j = g * OUTPUTS - range.start;
+        for (r, o) in out.iter().enumerate() {
+            // SAFETY: row r0 + r < n, outputs j..j + 16 <= nb: within `acc [n, nb]`.
+            unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add((r0 + r) * nb + j), *o) };
         }
     }
-    // SAFETY: (caller) the tile state is granted; releasing it is always valid.
-    unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
 }
 
 #[cfg(test)]
