@@ -634,3 +634,56 @@ fn smollm2_short_passes_give_each_row_the_bits_of_one_token_passes() {
         }
     }
 }
+
+/// SmolLM2's Q4_1 blocks, a batch of two rows whose KV cache holds masked slots in the middle
+/// of one row (the drafts of a verification that only the other row kept, as batched
+/// speculative decoding leaves them): the row's next logits are those of the row decoded
+/// alone, bit for bit, with f32 and 8-bit activations (and on AMX tiles where the CPU has
+/// them). Attention gathers a row's visible keys before it sums over them.
+#[test]
+fn smollm2_masked_slots_of_a_batch_leave_a_row_the_bits_it_has_alone() {
+    use kd_model::{ForwardOptions, PaddingSide};
+    let base = Llama::load_for_inference(smollm2(), &cpu()).unwrap();
+    let int8 = base.clone().with_int8_activations(true);
+    let amx = int8.clone().with_amx_tiles(true);
+    let mut models = vec![("f32", base), ("int8", int8)];
+    if amx.amx_tiles() {
+        models.push(("int8 on AMX tiles", amx));
+    }
+    let row = |seed: usize, n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|j| (100 + (seed * 7919 + j * 977) % 40_000) as u32)
+            .collect()
+    };
+    let (p0, p1) = (row(1, 23), row(2, 17));
+    let (d0, d1) = (row(3, 4), row(4, 4));
+    let options = ForwardOptions::default();
+    let v = 49_152;
+    for (name, m) in &models {
+        let pad = m.pad_id();
+        let pass = |cache: &mut kd_model::KvCache, rows: &[Vec<u32>]| {
+            let batch = TokenBatch::from_rows(rows, pad, PaddingSide::Left);
+            let out = m.forward_cached(&batch, cache, &options).unwrap();
+            kd_model::generate::to_host(out.into_logits().unwrap())
+        };
+        // Row 1 alone: its prompt, its first draft, then one more token.
+        let mut alone = m.new_cache();
+        pass(&mut alone, &[p1.clone()]);
+        pass(&mut alone, &[d1[..1].to_vec()]);
+        let want = pass(&mut alone, &[vec![7_001]]);
+        // The batch: both prompts, four drafts each; row 0 keeps all, row 1 its first only.
+        let mut cache = m.new_cache();
+        pass(&mut cache, &[p0.clone(), p1.clone()]);
+        pass(&mut cache, &[d0.clone(), d1.clone()]);
+        let lens = cache.real_lengths().to_vec();
+        cache.truncate(&[lens[0], lens[1] - 3]).unwrap();
+        let got = pass(&mut cache, &[vec![7_000], vec![7_001]]);
+        let last = |l: &[f32], rows: usize, r: usize| {
+            l[(l.len() / rows) * (r + 1) - v..(l.len() / rows) * (r + 1)].to_vec()
+        };
+        assert!(
+            last(&got, 2, 1) == last(&want, 1, 0),
+            "{name}: row 1 after its masked slots"
+        );
+    }
+}

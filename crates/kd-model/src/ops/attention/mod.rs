@@ -292,72 +292,93 @@ pub(crate) fn forward(
             let mh = &mask[bi * s * t..][..s * t];
             let mut scores = vec![0f32; QUERY_BLOCK * KEY_BLOCK.min(t)];
             let mut state = [(f32::NEG_INFINITY, 0f32, 1f32); QUERY_BLOCK];
-            // Queries i0..i0 + rb against keys k0..k1, in blocks of KEY_BLOCK from k0.
-            let mut attend = |i0: usize, rb: usize, (k0, k1): (usize, usize)| {
-                if k1 == 0 {
-                    return; // rows that see no key: output 0, lse −∞
-                }
-                state[..rb].fill((f32::NEG_INFINITY, 0.0, 1.0));
-                for kb0 in (k0..k1).step_by(KEY_BLOCK) {
-                    let kl = KEY_BLOCK.min(k1 - kb0);
-                    let sc = &mut scores[..rb * kl];
-                    // scores = scale · Q Kᵀ
-                    matmul(
-                        MatMut::row_major(sc, rb, kl).expect(GEMM),
-                        MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM),
-                        MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM).t(),
-                        Write::Overwrite,
-                        scale,
-                        Threads::One,
-                    )
-                    .expect(GEMM);
-                    for (r, st) in state[..rb].iter_mut().enumerate() {
-                        let at = (i0 + r) * t + kb0;
-                        online_softmax_row(simd, &mut sc[r * kl..][..kl], &mh[at..at + kl], st);
-                        if st.2 != 1.0 {
-                            for x in &mut o[(i0 + r) * d..][..d] {
-                                *x *= st.2;
+            // Queries i0..i0 + rb against keys k0..k1 of `kh`/`vh`, in blocks of KEY_BLOCK
+            // from k0; query i's mask is `mh[i * mt..]` (`mt` = 0: one row for all).
+            let mut attend =
+                |i0: usize,
+                 rb: usize,
+                 (k0, k1): (usize, usize),
+                 (kh, vh, mh, mt): (&[f32], &[f32], &[bool], usize)| {
+                    if k1 == 0 {
+                        return; // rows that see no key: output 0, lse −∞
+                    }
+                    state[..rb].fill((f32::NEG_INFINITY, 0.0, 1.0));
+                    for kb0 in (k0..k1).step_by(KEY_BLOCK) {
+                        let kl = KEY_BLOCK.min(k1 - kb0);
+                        let sc = &mut scores[..rb * kl];
+                        // scores = scale · Q Kᵀ
+                        matmul(
+                            MatMut::row_major(sc, rb, kl).expect(GEMM),
+                            MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM),
+                            MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM).t(),
+                            Write::Overwrite,
+                            scale,
+                            Threads::One,
+                        )
+                        .expect(GEMM);
+                        for (r, st) in state[..rb].iter_mut().enumerate() {
+                            let at = (i0 + r) * mt + kb0;
+                            online_softmax_row(simd, &mut sc[r * kl..][..kl], &mh[at..at + kl], st);
+                            if st.2 != 1.0 {
+                                for x in &mut o[(i0 + r) * d..][..d] {
+                                    *x *= st.2;
+                                }
                             }
                         }
+                        // O += P V
+                        matmul(
+                            MatMut::rows(&mut o[i0 * d..], rb, d, d).expect(GEMM),
+                            MatRef::row_major(sc, rb, kl).expect(GEMM),
+                            MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM),
+                            Write::Accumulate,
+                            1.0,
+                            Threads::One,
+                        )
+                        .expect(GEMM);
                     }
-                    // O += P V
-                    matmul(
-                        MatMut::rows(&mut o[i0 * d..], rb, d, d).expect(GEMM),
-                        MatRef::row_major(sc, rb, kl).expect(GEMM),
-                        MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM),
-                        Write::Accumulate,
-                        1.0,
-                        Threads::One,
-                    )
-                    .expect(GEMM);
-                }
-                for (r, &(m, l, _)) in state[..rb].iter().enumerate() {
-                    if l > 0.0 {
-                        let inv = 1.0 / l;
-                        for x in &mut o[(i0 + r) * d..][..d] {
-                            *x *= inv;
+                    for (r, &(m, l, _)) in state[..rb].iter().enumerate() {
+                        if l > 0.0 {
+                            let inv = 1.0 / l;
+                            for x in &mut o[(i0 + r) * d..][..d] {
+                                *x *= inv;
+                            }
+                            lse[i0 + r] = m + ln(l);
                         }
-                        lse[i0 + r] = m + ln(l);
                     }
-                }
-            };
+                };
             if s <= ROW_BY_ROW {
                 // A decoding pass of a few tokens (a speculative verification): each query
                 // alone over its own keys, as a one-token pass computes it, so that a row's
                 // output does not depend on the other rows of the pass.
+                // Masked keys between a row's first and last visible ones (the slots of
+                // drafts another row of a batch kept) are left out: the row's visible keys
+                // and values, gathered, are what a one-row pass without them reads.
+                let (mut keys, mut values, mut open) = (Vec::new(), Vec::new(), Vec::new());
                 for i in 0..s {
                     let row = &mh[i * t..][..t];
-                    let span = match row.iter().position(|m| !m) {
-                        Some(first) => (first, row.iter().rposition(|m| !m).unwrap_or(first) + 1),
-                        None => (0, 0),
+                    let Some(first) = row.iter().position(|m| !m) else {
+                        continue; // sees no key: output 0, lse −∞
                     };
-                    attend(i, 1, span);
+                    let end = row.iter().rposition(|m| !m).unwrap_or(first) + 1;
+                    if !row[first..end].contains(&true) {
+                        attend(i, 1, (first, end), (kh, vh, mh, t));
+                        continue;
+                    }
+                    keys.clear();
+                    values.clear();
+                    for j in (first..end).filter(|&j| !row[j]) {
+                        keys.extend_from_slice(&kh[j * d..][..d]);
+                        values.extend_from_slice(&vh[j * d..][..d]);
+                    }
+                    let n = keys.len() / d;
+                    open.resize(n, false);
+                    attend(i, 1, (0, n), (&keys, &values, &open, 0));
                 }
                 return;
             }
             for (blk, &span) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
                 let i0 = blk * QUERY_BLOCK;
-                attend(i0, QUERY_BLOCK.min(s - i0), span);
+                attend(i0, QUERY_BLOCK.min(s - i0), span, (kh, vh, mh, t));
             }
         });
     (out, lse)
