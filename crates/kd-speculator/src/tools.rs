@@ -40,6 +40,9 @@ pub struct EvalConfig {
     /// The target decodes from its GGUF blocks with 8-bit activations (integer dot products,
     /// `Llama::with_int8_activations`), for the target alone and with the draft alike.
     pub target_int8: bool,
+    /// `target_int8` with the target's Q4_1 and Q8_0 products on AMX tiles
+    /// (`Llama::with_amx_tiles`; CPUs with AMX-INT8 only).
+    pub target_amx: bool,
     /// The draft decodes from Q8_0 blocks of its weights made at load, after merging the
     /// adapter (`Llama::with_q8_0_weights`, `Eagle3Draft::with_q8_0_weights`).
     pub draft_q8_0: bool,
@@ -58,6 +61,7 @@ impl Default for EvalConfig {
             options: eval_options(&spec),
             chat_template_kwargs: spec.chat_template_kwargs,
             target_int8: false,
+            target_amx: false,
             draft_q8_0: false,
         }
     }
@@ -134,12 +138,22 @@ pub fn eval(
                 .unwrap_or_else(|| "the batch files hold none".into())
         )));
     }
+    let int8 = config.target_int8 || config.target_amx;
     let target = Llama::load_for_inference(&config.target_model, &device)?
-        .with_int8_activations(config.target_int8);
-    if config.target_int8 && !target.int8_activations() {
+        .with_int8_activations(int8)
+        .with_amx_tiles(config.target_amx);
+    if int8 && !target.int8_activations() {
         return Err(PipelineError::Config(format!(
             "--target_int8: the target {} has no packed GGUF blocks to decode from (a .gguf \
              file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
+            config.target_model.display()
+        )));
+    }
+    if config.target_amx && !target.amx_tiles() {
+        return Err(PipelineError::Config(format!(
+            "--target_amx: no AMX tiles for the target {}: they need a CPU with AMX-INT8 \
+             (Sapphire Rapids or a later Xeon) under Linux, KD_SIMD not capping it below avx512, \
+             and Q4_1 or Q8_0 projections (use --target_int8 elsewhere)",
             config.target_model.display()
         )));
     }

@@ -133,6 +133,10 @@ pub struct EvalArgs {
     /// Decode the target (a GGUF file) with 8-bit activations and integer dot products.
     #[arg(long)]
     pub target_int8: bool,
+    /// --target_int8 with the target's Q4_1 and Q8_0 products on AMX tiles (CPUs with
+    /// AMX-INT8: Sapphire Rapids and later Xeons).
+    #[arg(long)]
+    pub target_amx: bool,
     /// Decode the draft from Q8_0 blocks of its weights, made at load (after merging the
     /// adapter).
     #[arg(long)]
@@ -164,6 +168,7 @@ impl EvalArgs {
             device: self.device.clone(),
             chat_template_kwargs: self.chat_template_kwargs.0.clone(),
             target_int8: self.target_int8,
+            target_amx: self.target_amx,
             draft_q8_0: self.draft_q8_0,
             options: EvalOptions {
                 spec: SpecConfig {
