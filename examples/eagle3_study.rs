@@ -271,8 +271,9 @@ fn main() -> Result<()> {
             for (j, (c, plain)) in out.completions.iter().zip(&plain).enumerate() {
                 arm.1 += c.ids.len();
                 // With f32 activations every row must equal the target alone's; with 8-bit
-                // ones a multi-token pass may round differently from one-token passes
-                // (counted).
+                // ones too while a verification pass holds at most 16 tokens per row (each
+                // row then has one-token passes' bits), but a longer pass may round
+                // differently, so they are counted.
                 anyhow::ensure!(
                     int8 || c.ids == *plain,
                     "k {}, draft_p_min {}: prompt {} differs from the target alone",
