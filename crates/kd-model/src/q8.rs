@@ -123,6 +123,7 @@ unsafe fn quantize_blocks_avx512(x: &[f32], q: &mut [i8], scales: &mut [f32], su
     for (i, (scale, sum)) in scales.iter_mut().zip(sums.iter_mut()).enumerate() {
         // SAFETY: values 32i..32i + 32 of x and q (the caller's lengths).
         let (xp, qp) = unsafe { (x.as_ptr().add(32 * i), q.as_mut_ptr().add(32 * i)) };
+        // SAFETY: the block's 32 values at xp.
         let v = unsafe { [_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16))] };
         // The largest magnitude (a maximum is exact in any order).
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(

@@ -462,16 +462,7 @@ unsafe fn tile_rows<const M: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lcg(seed: u64) -> impl FnMut() -> u32 {
-        let mut state = seed;
-        move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u32
-        }
-    }
+    use crate::packed::tests::lcg;
 
     /// Random blocks of `ty` with finite scales (and minimums).
     fn blocks(ty: GgmlType, rows: usize, cols: usize, next: &mut impl FnMut() -> u32) -> Vec<u8> {

@@ -5,7 +5,7 @@ use super::*;
 use half::f16;
 
 /// A linear congruential generator's high bits.
-fn lcg(seed: u64) -> impl FnMut() -> u32 {
+pub(crate) fn lcg(seed: u64) -> impl FnMut() -> u32 {
     let mut state = seed;
     move || {
         state = state

@@ -590,6 +590,19 @@ fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
     assert_eq!(lean.f32_copies_made(), Some((made, 211)));
 }
 
+/// SmolLM2's Q4_1 file loaded lean for decoding with f32 activations, 8-bit ones, and 8-bit
+/// ones on AMX tiles where the CPU has them.
+fn smollm2_decoding_paths() -> Vec<(&'static str, Llama)> {
+    let base = Llama::load_for_inference(smollm2(), &cpu()).unwrap();
+    let int8 = base.clone().with_int8_activations(true);
+    let amx = int8.clone().with_amx_tiles(true);
+    let mut models = vec![("f32", base), ("int8", int8)];
+    if amx.amx_tiles() {
+        models.push(("int8 on AMX tiles", amx));
+    }
+    models
+}
+
 /// SmolLM2's Q4_1 blocks: a cached pass over 2 to 16 new tokens (a speculative
 /// verification) gives each row the logits of one-token passes bit for bit, with f32
 /// activations, 8-bit ones, and 8-bit ones on AMX tiles where the CPU has them: attention
@@ -604,13 +617,7 @@ fn smollm2_short_passes_give_each_row_the_bits_of_one_token_passes() {
         return;
     }
     use kd_model::ForwardOptions;
-    let base = Llama::load_for_inference(smollm2(), &cpu()).unwrap();
-    let int8 = base.clone().with_int8_activations(true);
-    let amx = int8.clone().with_amx_tiles(true);
-    let mut models = vec![("f32", base), ("int8", int8)];
-    if amx.amx_tiles() {
-        models.push(("int8 on AMX tiles", amx));
-    }
+    let models = smollm2_decoding_paths();
     let ids: Vec<u32> = (0..40).map(|j| (100 + j * 977 % 40_000) as u32).collect();
     let (prompt, extra) = ids.split_at(21);
     let options = ForwardOptions::default();
@@ -655,13 +662,7 @@ fn smollm2_masked_slots_of_a_batch_leave_a_row_the_bits_it_has_alone() {
         return;
     }
     use kd_model::{ForwardOptions, PaddingSide};
-    let base = Llama::load_for_inference(smollm2(), &cpu()).unwrap();
-    let int8 = base.clone().with_int8_activations(true);
-    let amx = int8.clone().with_amx_tiles(true);
-    let mut models = vec![("f32", base), ("int8", int8)];
-    if amx.amx_tiles() {
-        models.push(("int8 on AMX tiles", amx));
-    }
+    let models = smollm2_decoding_paths();
     let row = |seed: usize, n: usize| -> Vec<u32> {
         (0..n)
             .map(|j| (100 + (seed * 7919 + j * 977) % 40_000) as u32)
@@ -680,7 +681,7 @@ fn smollm2_masked_slots_of_a_batch_leave_a_row_the_bits_it_has_alone() {
         };
         // Row 1 alone: its prompt, its first draft, then one more token.
         let mut alone = m.new_cache();
-        pass(&mut alone, &[p1.clone()]);
+        pass(&mut alone, std::slice::from_ref(&p1));
         pass(&mut alone, &[d1[..1].to_vec()]);
         let want = pass(&mut alone, &[vec![7_001]]);
         // The batch: both prompts, four drafts each; row 0 keeps all, row 1 its first only.
