@@ -222,8 +222,8 @@ impl Llama {
     /// tokens, so a pass over a few tokens (a speculative verification) costs about what one
     /// costs. Each block's 32 products are summed exactly in one integer, where the AVX-512
     /// kernels (and ggml) sum eight lanes of four apart: other rounding, not ggml's bits,
-    /// still independent of the rest of the batch. The weights are repacked once (about
-    /// 0.6 byte per weight for Q4_1, 1.1 for Q8_0, beside the GGUF file's mapped blocks).
+    /// still independent of the rest of the batch. The weights are repacked once (0.625
+    /// byte per weight for Q4_1, 1.0625 for Q8_0, beside the GGUF file's mapped blocks).
     /// No effect without 8-bit activations or elsewhere; [`amx_tiles`](Self::amx_tiles) says
     /// whether it took. Call it after `with_int8_activations` (which drops the tiles when
     /// turned off).

@@ -125,23 +125,27 @@ unsafe fn quantize_blocks_avx512(x: &[f32], q: &mut [i8], scales: &mut [f32], su
         let (xp, qp) = unsafe { (x.as_ptr().add(32 * i), q.as_mut_ptr().add(32 * i)) };
         // SAFETY: the block's 32 values at xp.
         let v = unsafe { [_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16))] };
-        // The largest magnitude (a maximum is exact in any order).
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(
-            _mm512_andnot_ps(sign, v[0]),
-            _mm512_andnot_ps(sign, v[1]),
-        ));
+        // The largest magnitude (a maximum is exact in any order). `max_ps` returns its second
+        // operand where either is NaN: with the running maximum second, a NaN is passed
+        // over, as `f32::max` passes it over in the scalar fold.
+        let zero = _mm512_setzero_ps();
+        let running = _mm512_max_ps(_mm512_andnot_ps(sign, v[0]), zero);
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v[1]), running));
         *scale = amax / 127.0;
         let inv = _mm512_set1_ps(if *scale != 0.0 { 1.0 / *scale } else { 0.0 });
         let mut total = _mm512_setzero_si512();
         for (h, v) in v.into_iter().enumerate() {
             // round_away_small(v · inv): ties to even by the magic number, then a half moved
-            // away from zero; NaN (which `as` maps to 0) cannot occur for finite inputs.
+            // away from zero.
             let y = _mm512_mul_ps(v, inv);
             let r = _mm512_sub_ps(_mm512_add_ps(y, magic), magic);
             let away = _mm512_add_ps(y, _mm512_or_ps(half, _mm512_and_ps(sign, y)));
             let tie =
                 _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_andnot_ps(sign, _mm512_sub_ps(y, r)), half);
             let r = _mm512_mask_blend_ps(tie, r, away);
+            // NaN (0 · ∞ where a block's tiny scale overflows 1/d, or a NaN input) becomes 0,
+            // as `as i8` makes it; ±∞ saturates below.
+            let r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r), r);
             // Integers within ±127 (up to rounding: clamped as `as i8` saturates).
             let n = _mm512_cvttps_epi32(_mm512_min_ps(
                 _mm512_max_ps(r, _mm512_set1_ps(-128.0)),
@@ -534,6 +538,16 @@ mod tests {
         x[63] = 127.0;
         x[64..96].fill(0.0);
         x[96..128].fill(-3.25);
+        // A block whose scale is so small that 1/d overflows (0 · ∞ is NaN), and blocks with
+        // a NaN and infinities.
+        x[128..160].fill(0.0);
+        x[130] = 1e-37;
+        x[140] = -3e-38;
+        x[170] = f32::NAN;
+        x[200] = f32::INFINITY;
+        x[201] = f32::NEG_INFINITY;
+        x[250] = f32::NAN;
+        x[231] = f32::INFINITY;
         let blocks = x.len() / 32;
         let mut want = (vec![0i8; x.len()], vec![0f32; blocks], vec![0i32; blocks]);
         quantize_blocks(

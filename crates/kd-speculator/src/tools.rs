@@ -144,8 +144,13 @@ pub fn eval(
         .with_amx_tiles(config.target_amx);
     if int8 && !target.int8_activations() {
         return Err(PipelineError::Config(format!(
-            "--target_int8: the target {} has no packed GGUF blocks to decode from (a .gguf \
+            "{}: the target {} has no packed GGUF blocks to decode from (a .gguf \
              file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
+            if config.target_amx {
+                "--target_amx"
+            } else {
+                "--target_int8"
+            },
             config.target_model.display()
         )));
     }

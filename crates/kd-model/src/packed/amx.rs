@@ -17,7 +17,7 @@
 //! operations for every row, so a row's result does not depend on the other rows of the
 //! batch (greedy speculative decoding keeps its exact outputs), and the scalar
 //! [`reference`](AmxMatrix::reference) gives the same bits; the difference from the
-//! AVX-512 kernels is rounding (measured in the tests).
+//! AVX-512 kernels is float rounding.
 //!
 //! Linux hands a process the tiles' state only on request (`arch_prctl` with
 //! `ARCH_REQ_XCOMP_PERM`): [`available`] asks once. The tile instructions are written as
@@ -221,6 +221,7 @@ impl AmxMatrix {
                 && range.start <= range.end
                 && range.end <= self.rows
                 && x.cols == self.cols
+                && x.n <= x.padded
                 && x.q.len() == x.n * x.cols
                 && x.d.len() == self.cols / 32 * x.padded
                 && x.s.len() == x.d.len()
@@ -427,12 +428,17 @@ unsafe fn tile_rows<const M: usize>(
             }
             for i in 0..t {
                 let blk = b + i;
-                // SAFETY: the chunk's scales (and minimums) follow its tile; the sums are
+                // SAFETY: the chunk's scales (and, for Q4_1, minimums) follow its tile; the sums are
                 // m rows of 16 of tile i; d and s hold `blocks · padded` values.
                 unsafe {
                     let c = w.data.as_ptr().add((g * blocks + blk) * chunk + tile);
                     let dw = _mm512_cvtph_ps(_mm256_loadu_si256(c as *const _));
-                    let mw = _mm512_cvtph_ps(_mm256_loadu_si256(c.add(32) as *const _));
+                    // Only Q4_1's chunks hold minimums (a Q8_0 chunk ends with its scales).
+                    let mw = if q4 {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(c.add(32) as *const _))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
                     let (dx, sx) = (
                         x.d.as_ptr().add(blk * x.padded + r0),
                         x.s.as_ptr().add(blk * x.padded + r0),
@@ -537,9 +543,10 @@ mod tests {
         assert!(AmxMatrix::new(GgmlType::Q8_0, 8, 32, &[0; 34 * 8]).is_none());
     }
 
-    /// On a CPU with AMX-INT8: the tiles give the reference's bits for 1 to 40 input rows
-    /// (a remainder tile of rows past 16 and 32), blocks in fours and a remainder, a range
-    /// that starts inside the matrix; and a row alone gives what it gives in the batch.
+    /// On a CPU with AMX-INT8: the tiles give the reference's bits for 1, 2, 5, 16, 17 and 40
+    /// input rows (remainder tiles of rows past 16 and 32), blocks in fours and a remainder,
+    /// a range that starts inside the matrix; and a row alone gives what it gives in the
+    /// batch.
     #[test]
     fn tiles_equal_the_reference_bit_for_bit() {
         if !available() {
