@@ -9,6 +9,7 @@
 //! blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) kept for decoding
 //! (`Llama::load_for_inference`) and f32 activations, and with the blocks meeting 8-bit activations in integer dot products
 //! (`with_int8_activations`, as llama.cpp computes); the last two are compared with llama.cpp.
+//! `--paths amx` adds the 8-bit products on AMX tiles (`with_amx_tiles`; CPUs with AMX-INT8).
 //! `--verify 2,5,9` also times single cached passes over that many new tokens (a speculative
 //! verification's shape).
 //!
