@@ -317,19 +317,16 @@ pub(crate) fn project_all(ms: &[&PackedMatrix], x: &[f32], n: usize) -> Vec<Vec<
     let rows: Vec<usize> = ms.iter().map(|m| m.rows).collect();
     par_rows_of(&rows, n, |mi, range, acc| {
         let m = ms[mi];
-        match (&q8, &q8k) {
-            (_, Some(xk)) if m.int8 && is_kquant(m.ty) => {
+        match (&q8, &q8k, &m.amx) {
+            (_, Some(xk), _) if m.int8 && is_kquant(m.ty) => {
                 m.int8_rows(range, acc, |row, acc, nb, j| {
                     q8_kernel.dot_row_k(m.ty, row, xk, acc, nb, j)
                 })
             }
-            (Some(xq), _) if m.amx.is_some() => {
-                let tiles = m.amx.as_ref().expect("tiles");
-                // Tasks start at multiples of 64 outputs, and tiled matrices have a multiple
-                // of 16 (`AmxMatrix::new`).
-                tiles.rows(xq, range, acc)
-            }
-            (Some(xq), _) if m.int8 && !is_kquant(m.ty) => {
+            // Tasks start at multiples of 64 outputs, and tiled matrices have a multiple of 16
+            // (`AmxMatrix::new`).
+            (Some(xq), _, Some(tiles)) => tiles.rows(xq, range, acc),
+            (Some(xq), _, _) if m.int8 && !is_kquant(m.ty) => {
                 m.int8_rows(range, acc, |row, acc, nb, j| {
                     q8_kernel.dot_row(m.ty, row, xq, acc, nb, j)
                 })

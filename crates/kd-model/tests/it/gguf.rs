@@ -617,8 +617,14 @@ fn a_lean_smollm2_prefills_and_decodes_from_its_blocks_alone() {
 }
 
 /// SmolLM2's Q4_1 file loaded lean for decoding with f32 activations, 8-bit ones, and 8-bit
-/// ones on AMX tiles where the CPU has them.
-fn smollm2_decoding_paths() -> Vec<(&'static str, Llama)> {
+/// ones on AMX tiles where the CPU has them; `None` below AVX2, where decoding reads f32
+/// copies through Burn's operations, whose products over several rows round differently from
+/// one row's (the bit-for-bit pass tests then skip).
+fn smollm2_decoding_paths() -> Option<Vec<(&'static str, Llama)>> {
+    if !avx2() {
+        eprintln!("skipped: below AVX2 (KD_SIMD or the CPU)");
+        return None;
+    }
     let base = Llama::load_for_inference(smollm2(), &cpu()).unwrap();
     let int8 = base.clone().with_int8_activations(true);
     let amx = int8.clone().with_amx_tiles(true);
@@ -626,7 +632,16 @@ fn smollm2_decoding_paths() -> Vec<(&'static str, Llama)> {
     if amx.amx_tiles() {
         models.push(("int8 on AMX tiles", amx));
     }
-    models
+    Some(models)
+}
+
+/// The logits of one cached pass over `rows` (left-padded), every position.
+fn cached_logits(m: &Llama, cache: &mut kd_model::KvCache, rows: &[Vec<u32>]) -> Vec<f32> {
+    let batch = TokenBatch::from_rows(rows, m.pad_id(), kd_model::PaddingSide::Left);
+    let out = m
+        .forward_cached(&batch, cache, &kd_model::ForwardOptions::default())
+        .unwrap();
+    kd_model::generate::to_host(out.into_logits().unwrap())
 }
 
 /// SmolLM2's Q4_1 blocks: a cached pass over 2 to 16 new tokens (a speculative
@@ -636,22 +651,13 @@ fn smollm2_decoding_paths() -> Vec<(&'static str, Llama)> {
 /// pass does. At AVX2 and above (the host layers).
 #[test]
 fn smollm2_short_passes_give_each_row_the_bits_of_one_token_passes() {
-    if !avx2() {
-        // Below AVX2 decoding reads f32 copies through Burn's operations, whose products
-        // over several rows round differently from one row's.
-        eprintln!("skipped: below AVX2 (KD_SIMD or the CPU)");
+    let Some(models) = smollm2_decoding_paths() else {
         return;
-    }
-    use kd_model::ForwardOptions;
-    let models = smollm2_decoding_paths();
+    };
     let ids: Vec<u32> = (0..40).map(|j| (100 + j * 977 % 40_000) as u32).collect();
     let (prompt, extra) = ids.split_at(21);
-    let options = ForwardOptions::default();
     let logits = |m: &Llama, cache: &mut kd_model::KvCache, fed: &[u32]| {
-        let out = m
-            .forward_cached(&TokenBatch::single(fed), cache, &options)
-            .unwrap();
-        kd_model::generate::to_host(out.into_logits().unwrap())
+        cached_logits(m, cache, &[fed.to_vec()])
     };
     for (name, m) in &models {
         let mut cache = m.new_cache();
@@ -681,14 +687,9 @@ fn smollm2_short_passes_give_each_row_the_bits_of_one_token_passes() {
 /// them), at AVX2 and above. Attention gathers a row's visible keys before it sums over them.
 #[test]
 fn smollm2_masked_slots_of_a_batch_leave_a_row_the_bits_it_has_alone() {
-    if !avx2() {
-        // Below AVX2 decoding reads f32 copies through Burn's operations, whose products
-        // over several rows round differently from one row's.
-        eprintln!("skipped: below AVX2 (KD_SIMD or the CPU)");
+    let Some(models) = smollm2_decoding_paths() else {
         return;
-    }
-    use kd_model::{ForwardOptions, PaddingSide};
-    let models = smollm2_decoding_paths();
+    };
     let row = |seed: usize, n: usize| -> Vec<u32> {
         (0..n)
             .map(|j| (100 + (seed * 7919 + j * 977) % 40_000) as u32)
@@ -696,15 +697,9 @@ fn smollm2_masked_slots_of_a_batch_leave_a_row_the_bits_it_has_alone() {
     };
     let (p0, p1) = (row(1, 23), row(2, 17));
     let (d0, d1) = (row(3, 4), row(4, 4));
-    let options = ForwardOptions::default();
     let v = 49_152;
     for (name, m) in &models {
-        let pad = m.pad_id();
-        let pass = |cache: &mut kd_model::KvCache, rows: &[Vec<u32>]| {
-            let batch = TokenBatch::from_rows(rows, pad, PaddingSide::Left);
-            let out = m.forward_cached(&batch, cache, &options).unwrap();
-            kd_model::generate::to_host(out.into_logits().unwrap())
-        };
+        let pass = |cache: &mut kd_model::KvCache, rows: &[Vec<u32>]| cached_logits(m, cache, rows);
         // Row 1 alone: its prompt, its first draft, then one more token.
         let mut alone = m.new_cache();
         pass(&mut alone, std::slice::from_ref(&p1));

@@ -280,6 +280,19 @@ pub(crate) fn forward(
         return (out, lse);
     }
     let blocks = s.div_ceil(QUERY_BLOCK);
+    // A short pass (see ROW_BY_ROW): each query's first and last visible key + 1, and whether
+    // masked keys lie between them; `None` when it sees none. Shared by every head.
+    let row_spans: Vec<Option<(usize, usize, bool)>> = if s <= ROW_BY_ROW {
+        mask.chunks_exact(t)
+            .map(|row| {
+                let first = row.iter().position(|m| !m)?;
+                let end = row.iter().rposition(|m| !m).unwrap_or(first) + 1;
+                Some((first, end, row[first..end].contains(&true)))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     out.par_chunks_mut(s * d)
         .zip(lse.par_chunks_mut(s))
         .enumerate()
@@ -355,15 +368,14 @@ pub(crate) fn forward(
                 // and values, gathered, are what a one-row pass without them reads.
                 let (mut keys, mut values, mut open) = (Vec::new(), Vec::new(), Vec::new());
                 for i in 0..s {
-                    let row = &mh[i * t..][..t];
-                    let Some(first) = row.iter().position(|m| !m) else {
+                    let Some((first, end, holes)) = row_spans[bi * s + i] else {
                         continue; // sees no key: output 0, lse −∞
                     };
-                    let end = row.iter().rposition(|m| !m).unwrap_or(first) + 1;
-                    if !row[first..end].contains(&true) {
+                    if !holes {
                         attend(i, 1, (first, end), (kh, vh, mh, t));
                         continue;
                     }
+                    let row = &mh[i * t..][..t];
                     keys.clear();
                     values.clear();
                     for j in (first..end).filter(|&j| !row[j]) {
