@@ -159,9 +159,9 @@ impl Packed {
     }
 
     /// Runs the 8-bit products of Q4_1 and Q8_0 matrices on AMX tiles ([`amx`]) where this
-    /// process can use them, or back on the AVX-512 kernels; returns whether any matrix takes
-    /// tiles. Applies to the matrices set to 8-bit activations.
-    pub fn set_amx(&mut self, on: bool) -> bool {
+    /// process can use them, or back on the AVX-512 kernels ([`amx`](Self::amx) says whether
+    /// any took). Applies to the matrices set to 8-bit activations.
+    pub fn set_amx(&mut self, on: bool) {
         let on = on && amx::available();
         for m in self
             .layers
@@ -175,7 +175,6 @@ impl Packed {
                 .flatten()
                 .map(std::sync::Arc::new);
         }
-        self.amx()
     }
 
     /// Whether some matrix runs on AMX tiles.
