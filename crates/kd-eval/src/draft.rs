@@ -30,10 +30,12 @@ pub trait Drafter: Sync {
         &[]
     }
 
-    /// Starts decoding `prompts`. With a prefill (drafters with [`feature_layers`]), the target
-    /// has already read each prompt and chosen its first token.
+    /// Starts decoding `prompts`. With a prefill (what [`speculative_generate`] always
+    /// gives), the target has already read each prompt and chosen its first token; its
+    /// features come with it for drafters with [`feature_layers`].
     ///
     /// [`feature_layers`]: Drafter::feature_layers
+    /// [`speculative_generate`]: crate::speculative_generate
     fn start<'s>(
         &'s self,
         prompts: &[&[u32]],
@@ -47,15 +49,19 @@ pub trait Drafter: Sync {
     }
 }
 
-/// The target's reading of the prompts, before the first round: what a drafter that reads
-/// target features starts from.
+/// The target's reading of the prompts, before the first round: what every drafter starts
+/// from. The target reads the prompts in a pass of their own, so that the verifications that
+/// follow are short passes, which give a row the bits of one-token passes (a pass that held
+/// the prompt and the first drafts together would round the drafts' rows otherwise, and with
+/// 8-bit activations that can change a greedy token).
 #[derive(Debug, Clone)]
 pub struct Prefill {
     /// The target's first token of each row.
     pub first: Vec<u32>,
     /// The target's features over each row's prompt, `[rows, seq, features]`, left-padded:
-    /// row r's prompt fills the last `prompts[r].len()` positions.
-    pub features: Tensor<3>,
+    /// row r's prompt fills the last `prompts[r].len()` positions; `None` for a drafter
+    /// without [`feature_layers`](Drafter::feature_layers).
+    pub features: Option<Tensor<3>>,
 }
 
 /// What one round kept for one row.
@@ -252,14 +258,14 @@ impl Drafter for Eagle3Drafter<'_> {
         prompts: &[&[u32]],
         prefill: Option<Prefill>,
     ) -> Result<Box<dyn DraftSession + 's>> {
-        let Some(prefill) = prefill else {
+        let Some((first, features)) = prefill.and_then(|p| Some((p.first, p.features?))) else {
             return Err(EvalError::Config(
                 "an EAGLE-3 draft starts from the target's prefill (its features)".into(),
             ));
         };
         let draft = self.draft;
         let device = draft.fc.val().device();
-        let features = to_device(prefill.features, &device);
+        let features = to_device(features, &device);
         let [_, s, f] = features.dims();
         let mut rows = Vec::with_capacity(prompts.len());
         for (r, prompt) in prompts.iter().enumerate() {
@@ -271,7 +277,7 @@ impl Drafter for Eagle3Drafter<'_> {
             }
             // Position t reads the target's features at t and token t + 1.
             let mut shifted = prompt[1..].to_vec();
-            shifted.push(prefill.first[r]);
+            shifted.push(first[r]);
             let mut cache = DraftKvCache::new();
             let h = draft.forward_cached(
                 ids_tensor(&shifted, &device),

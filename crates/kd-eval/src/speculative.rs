@@ -109,8 +109,10 @@ fn concat_features(hidden: Vec<(usize, Tensor<3>)>) -> Option<Tensor<3>> {
 /// Decodes all `prompts` as one batch with the draft proposing `config.k` tokens per target
 /// pass (rows finish independently); results in input order. The draft is a [`Drafter`]:
 /// a Llama sharing the target's vocabulary, or an EAGLE-3 draft
-/// ([`Eagle3Drafter`](crate::Eagle3Drafter)), which starts after a target prefill and reads
-/// the target's features of every verified position.
+/// ([`Eagle3Drafter`](crate::Eagle3Drafter)), which reads the target's features of every
+/// verified position. Every run starts with a target pass over the prompts alone, which
+/// chooses each row's first token ([`Prefill`](crate::Prefill)); the verifications after it
+/// are short passes.
 pub fn speculative_generate<D: Drafter + ?Sized>(
     target: &Llama,
     draft: &D,
@@ -136,21 +138,16 @@ fn speculative_loop<D: Drafter + ?Sized>(
     if prompts.is_empty() || config.max_new_tokens == 0 {
         return Ok(run.finish());
     }
-    // A drafter that reads the target's features starts from the target's prefill: the
-    // target reads the prompts and chooses each row's first token.
-    let mut session = if run.layers.is_empty() {
-        let ids: Vec<&[u32]> = prompts.iter().map(|p| p.ids).collect();
-        draft.start(&ids, None)?
-    } else {
-        let Some(prefill) = run.prefill()? else {
-            return Ok(run.finish());
-        };
-        let ids: Vec<&[u32]> = run.rows.iter().map(|r| prompts[r.out].ids).collect();
-        let started = Instant::now();
-        let session = draft.start(&ids, Some(prefill))?;
-        run.stats.draft_seconds += started.elapsed().as_secs_f64();
-        session
+    // Every drafter starts from the target's prefill: the target reads the prompts alone and
+    // chooses each row's first token (a drafter that reads them gets the features too), so
+    // that every verification is a short pass (see `Prefill`).
+    let Some(prefill) = run.prefill()? else {
+        return Ok(run.finish());
     };
+    let ids: Vec<&[u32]> = run.rows.iter().map(|r| prompts[r.out].ids).collect();
+    let started = Instant::now();
+    let mut session = draft.start(&ids, Some(prefill))?;
+    run.stats.draft_seconds += started.elapsed().as_secs_f64();
     while !run.rows.is_empty() {
         let proposal = run.propose(session.as_mut())?;
         let scored = run.score(&proposal)?;
@@ -301,8 +298,8 @@ impl<'a> Run<'a> {
     }
 
     /// The target reads the prompts and chooses each row's first token; the rows that go on
-    /// and their features over the prompt are what a feature-reading drafter starts from
-    /// (`None` when every row finished at its first token).
+    /// (and their features over the prompt, for a feature-reading drafter) are what the
+    /// drafter starts from (`None` when every row finished at its first token).
     fn prefill(&mut self) -> Result<Option<Prefill>> {
         let pending: Vec<Vec<u32>> = self.rows.iter().map(|r| r.target_pending.clone()).collect();
         let batch = TokenBatch::from_rows(&pending, self.target.pad_id(), PaddingSide::Left);
@@ -338,20 +335,20 @@ impl<'a> Run<'a> {
         if active.is_empty() {
             return Ok(None);
         }
-        let features = features.expect("a drafter with feature layers gets features");
-        let features = if active.len() < self.rows.len() {
-            let idx = Tensor::<1, Int>::from_data(
-                TensorData::new(
-                    active.iter().map(|r| *r as i64).collect::<Vec<_>>(),
-                    [active.len()],
-                ),
-                &features.device(),
-            );
-            self.keep_rows(&active)?;
-            features.select(0, idx)
-        } else {
-            features
+        let features = match features {
+            Some(f) if active.len() < self.rows.len() => {
+                let idx = Tensor::<1, Int>::from_data(
+                    TensorData::new(
+                        active.iter().map(|r| *r as i64).collect::<Vec<_>>(),
+                        [active.len()],
+                    ),
+                    &f.device(),
+                );
+                Some(f.select(0, idx))
+            }
+            f => f,
         };
+        self.keep_rows(&active)?;
         Ok(Some(Prefill { first, features }))
     }
 

@@ -35,9 +35,8 @@ pub struct SpecStats {
     pub draft_seconds: f64,
     /// Seconds in target forward passes.
     pub target_seconds: f64,
-    /// Of `target_forwards`, the prefill passes: an EAGLE-3 drafter's run starts with one over
-    /// the prompts, which verifies nothing (a Llama draft's first verification reads the
-    /// prompts itself).
+    /// Of `target_forwards`, the prefill passes: every run starts with one over the prompts,
+    /// which verifies nothing (the target chooses each row's first token there).
     #[serde(default)]
     pub prefill_forwards: usize,
     /// Of `target_seconds`, the prefill passes' seconds.

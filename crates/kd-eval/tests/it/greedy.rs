@@ -1,4 +1,5 @@
-//! Greedy speculative decoding returns exactly the target's greedy output.
+//! Greedy speculative decoding returns exactly the target's greedy output (tiny models, and
+//! SmolLM2 with 8-bit activations).
 
 use kd_eval::{SpecConfig, speculative_generate};
 use kd_model::{FinishReason, GenerateOptions, Llama, SeededPrompt};
@@ -203,4 +204,74 @@ fn drafting_fewer_tokens_where_the_draft_is_unsure_keeps_the_target_output() {
             .any(|(d, rounds)| *d > 0 && *d < k * rounds),
         "{drafted:?}"
     );
+}
+
+/// SmolLM2's Q4_1 blocks with 8-bit activations (and on AMX tiles where the CPU has them) as
+/// the target, drafted for by itself (nearly every draft accepted, so every drafted position
+/// is verified): greedy speculative decoding of prompts of 20 to 31 tokens, a batch of 12 and
+/// one at a time, gives the target alone's tokens. The target reads the prompts in a pass of
+/// their own; were the first drafts verified in the prompts' pass, their rows would round
+/// otherwise and 8-bit rounding would change tokens. At AVX2 and above (below it the
+/// multi-row products go through Burn's operations, which round otherwise).
+#[test]
+fn smollm2_with_8_bit_activations_keeps_its_greedy_output() {
+    if kd_kernels::cpu::level() < kd_kernels::cpu::SimdLevel::Avx2 {
+        eprintln!("skipped: below AVX2 (KD_SIMD or the CPU)");
+        return;
+    }
+    let path = crate::fixtures().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run fixtures/fetch-smollm2.sh",
+        path.display()
+    );
+    let int8 = Llama::load_for_inference(&path, &kd_model::parse_device("cpu").unwrap())
+        .unwrap()
+        .with_int8_activations(true);
+    let amx = int8.clone().with_amx_tiles(true);
+    let mut targets = vec![("int8", int8)];
+    if amx.amx_tiles() {
+        targets.push(("int8 on AMX tiles", amx));
+    }
+    let prompts: Vec<Vec<u32>> = (0..12)
+        .map(|i| {
+            (0..20 + i)
+                .map(|j| (100 + (i * 7919 + j * 977) % 40_000) as u32)
+                .collect()
+        })
+        .collect();
+    let (new, k) = (8, 4);
+    let options = GenerateOptions {
+        stop_token_ids: vec![u32::MAX],
+        ..GenerateOptions::greedy(new)
+    };
+    let config = SpecConfig {
+        k,
+        max_new_tokens: new,
+        stop_token_ids: vec![u32::MAX],
+        ..SpecConfig::default()
+    };
+    for (name, target) in &targets {
+        let expected = plain(target, &prompts, &options);
+        let batched = speculative_generate(target, target, &seeded(&prompts), &config).unwrap();
+        assert!(
+            batched.stats.acceptance_rate() > 0.9,
+            "{name}: {:?}",
+            batched.stats
+        );
+        for (r, e) in expected.iter().enumerate() {
+            let alone = speculative_generate(
+                target,
+                target,
+                &seeded(std::slice::from_ref(&prompts[r])),
+                &config,
+            )
+            .unwrap();
+            assert_eq!(&alone.completions[0].ids, e, "{name}: row {r} alone");
+            assert_eq!(
+                &batched.completions[r].ids, e,
+                "{name}: row {r} in the batch"
+            );
+        }
+    }
 }

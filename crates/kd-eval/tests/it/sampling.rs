@@ -210,12 +210,11 @@ fn sampled_run_passes<D: Drafter + ?Sized>(
     };
     let out = speculative_generate(target, draft, prompts, &config).unwrap();
     let s = &out.stats;
-    // An EAGLE-3 draft starts from one target pass over the prompts, which verifies nothing:
+    // Every run starts from one target pass over the prompts, which verifies nothing:
     // counted apart from the verifications.
-    let prefills = usize::from(label == "EAGLE-3");
-    assert_eq!(s.prefill_forwards, prefills, "{label}");
+    assert_eq!(s.prefill_forwards, 1, "{label}");
     assert!(
-        (prefills == 1) == (s.prefill_seconds > 0.0)
+        s.prefill_seconds > 0.0
             && s.prefill_seconds < s.target_seconds
             && s.verification_pass_seconds() > 0.0,
         "{label}: {s:?}"
@@ -261,14 +260,20 @@ fn seeded_runs_repeat_and_do_not_depend_on_batching() {
             speculative_generate(&target, &draft, std::slice::from_ref(p), &config).unwrap();
         assert_eq!(alone.completions[0], a.completions[i], "row {i}");
     }
-    // Another seed gives another sample somewhere.
-    let other: Vec<SeededPrompt<'_>> = prompts
-        .iter()
-        .map(|p| SeededPrompt {
-            seed: p.seed + 100,
-            ..*p
-        })
-        .collect();
-    let c = speculative_generate(&target, &draft, &other, &config).unwrap();
-    assert_ne!(a.completions, c.completions);
+    // Other seeds give other samples somewhere (these models are nearly deterministic past
+    // the prompt: ten tries).
+    let differs = (1..=10).any(|t| {
+        let other: Vec<SeededPrompt<'_>> = prompts
+            .iter()
+            .map(|p| SeededPrompt {
+                seed: p.seed + 100 * t,
+                ..*p
+            })
+            .collect();
+        speculative_generate(&target, &draft, &other, &config)
+            .unwrap()
+            .completions
+            != a.completions
+    });
+    assert!(differs, "ten other seeds gave the same samples");
 }
