@@ -203,10 +203,10 @@ impl Llama {
     /// products (AVX2, or AVX-512 VNNI where the CPU has it). Faster than dequantising each block to f32, and no longer the f32 copy's
     /// arithmetic. A row's products do not depend on the rest of the batch, and attention
     /// takes a pass of up to 16 tokens per row token by token, so such a pass (a speculative
-    /// verification) gives each row the bits of one-token passes. Longer passes (a prompt, a
-    /// standalone draft's first pass over the prompt and its drafts) round differently from
-    /// one-token passes in their last bits, which 8-bit rounding can turn into another greedy
-    /// token. No effect on a model without
+    /// verification) gives each row the bits of one-token passes. Longer passes (a prompt)
+    /// round differently from one-token passes in their last bits, which 8-bit rounding can
+    /// turn into another greedy token (so speculative decoding reads the prompts in a pass of
+    /// their own, as plain decoding does). No effect on a model without
     /// packed blocks, on passes of more than a few rows (prefill, training), or below AVX2
     /// (`KD_SIMD=scalar`), where decoding reads the blocks' f32 values.
     pub fn with_int8_activations(mut self, on: bool) -> Self {

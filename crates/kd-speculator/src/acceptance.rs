@@ -38,6 +38,13 @@ pub struct AcceptanceFile {
     /// Whether the draft decoded from Q8_0 blocks of its weights (`--eval_draft_q8_0`).
     #[serde(default)]
     pub draft_q8_0: bool,
+    /// Whether the target decoded with 8-bit activations (`--target_int8`, `--target_amx`), as
+    /// the loaded model says.
+    #[serde(default)]
+    pub target_int8: bool,
+    /// Whether the target's 8-bit products ran on AMX tiles (`--target_amx`).
+    #[serde(default)]
+    pub target_amx: bool,
     /// Number of held-out prompts.
     pub prompts: usize,
     /// SHA-256 of the held-out prompts' ids.
@@ -186,9 +193,11 @@ impl<'a> Acceptance<'a> {
         let prompts = setup.prompts.eval_ids();
         let options = eval_options(config);
         let target = teacher.target().filter(|_| !prompts.is_empty());
-        let file = target.map(|_| AcceptanceFile {
+        let file = target.map(|t| AcceptanceFile {
             options: options.clone(),
             draft_q8_0: config.eval_draft_q8_0,
+            target_int8: t.int8_activations(),
+            target_amx: t.amx_tiles(),
             prompts: prompts.len(),
             prompts_hash: sequences_hash(&prompts),
             before: None,
@@ -225,6 +234,7 @@ impl<'a> Acceptance<'a> {
         let previous = read_acceptance(&self.path).filter(|p| {
             p.options == file.options
                 && p.draft_q8_0 == file.draft_q8_0
+                && (p.target_int8, p.target_amx) == (file.target_int8, file.target_amx)
                 && p.prompts_hash == file.prompts_hash
         });
         let before = match previous.and_then(|p| p.before) {

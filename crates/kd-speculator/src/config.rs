@@ -136,6 +136,13 @@ pub struct SpeculatorConfig {
     /// at load (`Llama::with_q8_0_weights`, `Eagle3Draft::with_q8_0_weights`), as `speculator
     /// eval --draft_q8_0` does; training is unchanged.
     pub eval_draft_q8_0: bool,
+    /// The local target decodes from its GGUF blocks with 8-bit activations (integer dot
+    /// products, `Llama::with_int8_activations`), as `speculator eval --target_int8` does:
+    /// its generation, the hidden states training reads, and the acceptance measurements.
+    pub target_int8: bool,
+    /// `target_int8` with the target's Q4_1 and Q8_0 products on AMX tiles
+    /// (`Llama::with_amx_tiles`; CPUs with AMX-INT8 only).
+    pub target_amx: bool,
     /// The draft's hidden state distilled (transformers' `output_hidden_states` index;
     /// default: the last, after the final norm).
     pub distill_draft_layer: Option<usize>,
@@ -289,6 +296,8 @@ impl Default for SpeculatorConfig {
             eval_temperature: 0.0,
             eval_draft_p_min: 0.0,
             eval_draft_q8_0: false,
+            target_int8: false,
+            target_amx: false,
             distill_draft_layer: None,
             distill_target_layer: None,
             lora_target_modules: [

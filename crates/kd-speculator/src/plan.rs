@@ -156,11 +156,18 @@ fn target_line(config: &SpeculatorConfig, s: &Setup) -> String {
         ),
         (Some(url), None) => format!("{url} ({:?})", config.teacher_api),
         (None, Some(c)) => format!(
-            "{} on {}: {}{}",
+            "{} on {}: {}{}{}",
             config.target_model.display(),
             config.target_gpus,
             params(c),
-            decode_note(&config.target_model, &s.target_devices)
+            decode_note(&config.target_model, &s.target_devices),
+            if config.target_amx {
+                "; 8-bit activations, Q4_1/Q8_0 products on AMX tiles (--target_amx)"
+            } else if config.target_int8 {
+                "; 8-bit activations (--target_int8)"
+            } else {
+                ""
+            }
         ),
         (None, None) => unreachable!("setup requires a local target without a URL"),
     }

@@ -1,6 +1,8 @@
 //! A run's settings for each library it drives (sampling, acceptance measurement, LoRA, the
 //! trainer, on-policy rows) and its teacher, from the flags.
 
+use std::path::Path;
+
 use kd_eval::{EvalOptions, SpecConfig};
 use kd_lora::{LoraConfig, TargetModules};
 use kd_model::{Llama, Sampling};
@@ -10,7 +12,7 @@ use kd_teacher::{
 };
 
 use crate::config::SpeculatorConfig;
-use crate::error::Result;
+use crate::error::{PipelineError, Result};
 use crate::loss::SpeculatorLoss;
 use crate::setup::Setup;
 use kd_pipeline::on_policy::OnPolicyConfig;
@@ -42,6 +44,44 @@ impl TeacherBackend {
     }
 }
 
+/// `target` (loaded from `path`) set to decode with 8-bit activations (`int8`), on AMX tiles
+/// (`amx`, which implies `int8`), or as loaded; an error naming the flag where the target
+/// cannot (no packed GGUF blocks; no AMX tiles on this CPU or for these block types).
+pub(crate) fn decoding_target(target: Llama, path: &Path, int8: bool, amx: bool) -> Result<Llama> {
+    let int8 = int8 || amx;
+    let target = target.with_int8_activations(int8).with_amx_tiles(amx);
+    if int8 && !target.int8_activations() {
+        return Err(PipelineError::Config(format!(
+            "{}: the target {} has no packed GGUF blocks to decode from (a .gguf \
+             file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
+            if amx { "--target_amx" } else { "--target_int8" },
+            path.display()
+        )));
+    }
+    if amx && !target.amx_tiles() {
+        return Err(PipelineError::Config(format!(
+            "--target_amx: no AMX tiles for the target {}: they need a CPU with AMX-INT8 \
+             (Sapphire Rapids or a later Xeon) under Linux, KD_SIMD not capping it below avx512, \
+             and Q4_1 or Q8_0 projections (use --target_int8 elsewhere)",
+            path.display()
+        )));
+    }
+    Ok(target)
+}
+
+/// The teacher cache's fingerprint of the target at `path` as this run decodes it: 8-bit
+/// activations give other completions than f32 ones, so their outputs are cached apart.
+fn decoding_fingerprint(config: &SpeculatorConfig, path: &Path) -> Result<String> {
+    let base = model_fingerprint(path)?;
+    Ok(if config.target_amx {
+        format!("{base}+int8-amx")
+    } else if config.target_int8 {
+        format!("{base}+int8")
+    } else {
+        base
+    })
+}
+
 pub(crate) fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBackend> {
     let dir = &config.target_model;
     if let Some(urls) = &config.teacher_url {
@@ -62,18 +102,25 @@ pub(crate) fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<T
             ..RemoteConfig::default()
         })?;
         let local = match &setup.target_config {
-            Some(_) => Some(Box::new(Llama::load_for_inference(
+            Some(_) => Some(Box::new(decoding_target(
+                Llama::load_for_inference(dir, &setup.target_devices[0])?,
                 dir,
-                &setup.target_devices[0],
+                config.target_int8,
+                config.target_amx,
             )?)),
             None => None,
         };
         return Ok(TeacherBackend::Remote(Box::new(remote), local));
     }
-    let fingerprint = model_fingerprint(dir)?;
+    let fingerprint = decoding_fingerprint(config, dir)?;
     let mut replicas = Vec::with_capacity(setup.target_devices.len());
     for device in &setup.target_devices {
-        let model = Llama::load_for_inference(dir, device)?;
+        let model = decoding_target(
+            Llama::load_for_inference(dir, device)?,
+            dir,
+            config.target_int8,
+            config.target_amx,
+        )?;
         replicas.push(LocalTeacher::new(
             model,
             config.batch_size,

@@ -138,30 +138,12 @@ pub fn eval(
                 .unwrap_or_else(|| "the batch files hold none".into())
         )));
     }
-    let int8 = config.target_int8 || config.target_amx;
-    let target = Llama::load_for_inference(&config.target_model, &device)?
-        .with_int8_activations(int8)
-        .with_amx_tiles(config.target_amx);
-    if int8 && !target.int8_activations() {
-        return Err(PipelineError::Config(format!(
-            "{}: the target {} has no packed GGUF blocks to decode from (a .gguf \
-             file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
-            if config.target_amx {
-                "--target_amx"
-            } else {
-                "--target_int8"
-            },
-            config.target_model.display()
-        )));
-    }
-    if config.target_amx && !target.amx_tiles() {
-        return Err(PipelineError::Config(format!(
-            "--target_amx: no AMX tiles for the target {}: they need a CPU with AMX-INT8 \
-             (Sapphire Rapids or a later Xeon) under Linux, KD_SIMD not capping it below avx512, \
-             and Q4_1 or Q8_0 projections (use --target_int8 elsewhere)",
-            config.target_model.display()
-        )));
-    }
+    let target = crate::settings::decoding_target(
+        Llama::load_for_inference(&config.target_model, &device)?,
+        &config.target_model,
+        config.target_int8,
+        config.target_amx,
+    )?;
     // Under mpirun, each rank decodes its share of the prompts; all return the merged report.
     let world = kd_dist::world();
     let report = match draft_config {

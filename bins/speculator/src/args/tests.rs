@@ -44,6 +44,10 @@ fn eagle3_flags_reach_the_configuration() {
     let c = parse("--draft_method eagle3 --draft_head_init target").unwrap();
     assert_eq!(c.draft_head_init, kd_speculator::DraftHeadInit::Target);
     assert!(parse("--draft_head_init zeros").is_err());
+    let c = parse("--target_amx").unwrap();
+    assert!(c.target_amx && !c.target_int8);
+    let c = parse("--target-int8").unwrap();
+    assert!(c.target_int8 && !c.target_amx);
 }
 
 #[test]

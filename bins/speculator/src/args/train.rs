@@ -188,6 +188,14 @@ pub struct TrainArgs {
     /// load; training is unchanged).
     #[arg(long)]
     pub eval_draft_q8_0: bool,
+    /// Decode the target from its GGUF blocks with 8-bit activations (integer dot products)
+    /// for its generation, the hidden states training reads and the acceptance measurements.
+    #[arg(long)]
+    pub target_int8: bool,
+    /// --target_int8 with the target's Q4_1 and Q8_0 products on AMX tiles (CPUs with
+    /// AMX-INT8: Sapphire Rapids and later Xeons).
+    #[arg(long)]
+    pub target_amx: bool,
     /// Draft hidden state distilled (output_hidden_states index; default the last).
     #[arg(long)]
     pub distill_draft_layer: Option<usize>,

@@ -338,6 +338,15 @@ fn eagle3_settings_that_cannot_apply_are_refused_by_name() {
         ..small_eagle3(&out)
     });
     assert!(e.contains("--ttt_length"), "{e}");
+    // The demo target is safetensors: no GGUF blocks to take 8-bit activations.
+    let e = err(SpeculatorConfig {
+        target_int8: true,
+        ..small_eagle3(&out)
+    });
+    assert!(
+        e.contains("--target_int8") && e.contains("no packed GGUF blocks"),
+        "{e}"
+    );
     // Nothing was written by the refused runs.
     assert!(!out.join("teacher_cache").exists());
 }
@@ -376,4 +385,56 @@ fn the_dry_run_states_what_the_target_cache_holds() {
         ..config
     });
     assert!(off.contains("on every micro-batch"), "{off}");
+}
+
+/// SmolLM2 (Q4_1) as the target with 8-bit activations (`--target_int8`; `--target_amx` where
+/// the CPU has AMX tiles): it generates the completions, its hidden states train the head, and
+/// speculative decoding with the head keeps its greedy output on every held-out prompt. The
+/// teacher cache and `acceptance.json` record how the target decoded. At AVX2 and above (below
+/// it the 8-bit products stand down).
+#[test]
+fn smollm2_with_8_bit_activations_runs_the_eagle3_pipeline() {
+    if kd_kernels::cpu::level() < kd_kernels::cpu::SimdLevel::Avx2 {
+        eprintln!("skipped: below AVX2 (KD_SIMD or the CPU)");
+        return;
+    }
+    let target = crate::fixtures().join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        target.is_file(),
+        "{} is missing: run fixtures/fetch-smollm2.sh",
+        target.display()
+    );
+    let amx = kd_model::Llama::load_for_inference(&target, &kd_model::parse_device("cpu").unwrap())
+        .unwrap()
+        .with_int8_activations(true)
+        .with_amx_tiles(true)
+        .amx_tiles();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let config = SpeculatorConfig {
+        target_model: target,
+        target_int8: !amx,
+        target_amx: amx,
+        max_samples: Some(24),
+        eval_fraction: 0.25,
+        max_new_tokens: 8,
+        eval_max_new_tokens: 8,
+        num_epochs: 1,
+        ttt_length: 1,
+        draft_vocab_size: Some(512),
+        aux_layers: vec![2, 15, 27],
+        eval_k: 2,
+        ..small_eagle3(&out)
+    };
+    let summary = run(&config, &mut Phases::default()).unwrap();
+    assert_eq!(summary.prompts, (24, 18, 6));
+    let a = summary.acceptance.as_ref().unwrap();
+    assert_eq!((a.target_int8, a.target_amx), (true, amx));
+    for report in [a.before.as_ref().unwrap(), a.after.as_ref().unwrap()] {
+        assert_eq!(report.greedy_identical_rows, Some(6), "{report:?}");
+    }
+    let manifest =
+        std::fs::read_to_string(out.join("teacher_cache/generations/manifest.json")).unwrap();
+    let suffix = if amx { "+int8-amx" } else { "+int8" };
+    assert!(manifest.contains(&format!("{suffix}\"")), "{manifest}");
 }
