@@ -25,7 +25,7 @@ pub trait Drafter: Sync {
 
     /// The target's hidden states (Hugging Face `output_hidden_states` indices) every target
     /// pass must return for this drafter, concatenated in this order; empty when it reads none.
-    /// A drafter that reads features starts after a target prefill of the prompts.
+    /// Such a drafter gets them over the prompts with the prefill every run starts from.
     fn feature_layers(&self) -> &[usize] {
         &[]
     }
@@ -151,8 +151,8 @@ impl Drafter for Llama {
 struct LlamaSession<'a> {
     model: &'a Llama,
     cache: KvCache,
-    /// Tokens each row has not been fed yet (the prompt at first, then the round's last
-    /// verified tokens).
+    /// Tokens each row has not been fed yet (the prompt and the target's first token at
+    /// first, then the round's last verified tokens).
     pending: Vec<Vec<u32>>,
     /// Real tokens cached per row when the round began.
     base: Vec<i64>,

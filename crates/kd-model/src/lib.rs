@@ -206,8 +206,9 @@ impl Llama {
     /// verification) gives each row the bits of one-token passes. Longer passes (a prompt)
     /// round differently from one-token passes in their last bits, which 8-bit rounding can
     /// turn into another greedy token (so speculative decoding reads the prompts in a pass of
-    /// their own, as plain decoding does). No effect on a model without
-    /// packed blocks, on passes of more than a few rows (prefill, training), or below AVX2
+    /// their own, as plain decoding does). No effect on a model without packed blocks, on
+    /// passes that a model with f32 copies runs as tensor operations (more than a few rows:
+    /// prefill, training; a lean model runs every pass on the host, 8-bit), or below AVX2
     /// (`KD_SIMD=scalar`), where decoding reads the blocks' f32 values.
     pub fn with_int8_activations(mut self, on: bool) -> Self {
         if let Some(p) = self.packed.as_mut() {

@@ -80,13 +80,15 @@ pub fn run(
     for w in &setup.warnings {
         warnings.push(observer, w.clone());
     }
+    // Before the output directory is touched: a target that cannot decode as asked
+    // (`--target_int8`, `--target_amx`) is refused with the earlier run's files intact.
+    let teacher = load_teacher(config, &setup)?;
     // Held until the run returns: a second run into the same directory is refused.
     let _lock = if world.is_root() {
         Some(prepare_output_dir(config)?)
     } else {
         None
     };
-    let teacher = load_teacher(config, &setup)?;
     let draft_base = match config.draft_method {
         DraftMethod::Lora => {
             let draft = Llama::load(&config.draft_model, &setup.draft_device)?;

@@ -58,6 +58,14 @@ pub(crate) fn decoding_target(target: Llama, path: &Path, int8: bool, amx: bool)
             path.display()
         )));
     }
+    if int8 && kd_kernels::cpu::level() < kd_kernels::cpu::SimdLevel::Avx2 {
+        return Err(PipelineError::Config(format!(
+            "{}: 8-bit activations need AVX2 or above, and decoding here runs at {} (the \
+             CPU, or KD_SIMD); leave the flag out",
+            if amx { "--target_amx" } else { "--target_int8" },
+            kd_kernels::cpu::level().name()
+        )));
+    }
     if amx && !target.amx_tiles() {
         return Err(PipelineError::Config(format!(
             "--target_amx: no AMX tiles for the target {}: they need a CPU with AMX-INT8 \
@@ -85,6 +93,18 @@ fn decoding_fingerprint(config: &SpeculatorConfig, path: &Path) -> Result<String
 pub(crate) fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBackend> {
     let dir = &config.target_model;
     if let Some(urls) = &config.teacher_url {
+        if (config.target_int8 || config.target_amx) && setup.target_config.is_none() {
+            return Err(PipelineError::Config(format!(
+                "{}: the target is only reachable at --teacher_url here, which decodes as its \
+                 server does; the flag sets a local target's arithmetic (give --target_model \
+                 a local GGUF file, or leave the flag out)",
+                if config.target_amx {
+                    "--target_amx"
+                } else {
+                    "--target_int8"
+                }
+            )));
+        }
         // Several servers: rank r talks to server r mod n.
         let (url, servers) = kd_pipeline::ranks::rank_url(urls, kd_dist::world())?;
         let remote = RemoteTeacher::new(RemoteConfig {

@@ -349,6 +349,7 @@ fn eagle3_settings_that_cannot_apply_are_refused_by_name() {
     );
     // Nothing was written by the refused runs.
     assert!(!out.join("teacher_cache").exists());
+    assert!(!out.exists(), "the refused runs made {}", out.display());
 }
 
 #[test]
