@@ -33,6 +33,10 @@ pub struct CheckpointAcceptance {
 /// the measurement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AcceptanceFile {
+    /// How speculative decoding measured it ([`AcceptanceFile::DECODING`]; files from before
+    /// the field read 1): a resumed run reuses a measurement only of the same decoding.
+    #[serde(default = "decoding_v1")]
+    pub decoding: u32,
     /// How acceptance was measured.
     pub options: EvalOptions,
     /// Whether the draft decoded from Q8_0 blocks of its weights (`--eval_draft_q8_0`).
@@ -57,6 +61,16 @@ pub struct AcceptanceFile {
     pub checkpoints: Vec<CheckpointAcceptance>,
     /// The checkpoint with the longest mean accepted length.
     pub best_checkpoint: Option<PathBuf>,
+}
+
+impl AcceptanceFile {
+    /// The decoding loop's version: 2 since every run starts from a target pass over the
+    /// prompts alone (1: a Llama draft's first verification read the prompts).
+    pub const DECODING: u32 = 2;
+}
+
+fn decoding_v1() -> u32 {
+    1
 }
 
 /// Forwards training events and measures acceptance at checkpoints (`--eval_steps`).
@@ -194,6 +208,7 @@ impl<'a> Acceptance<'a> {
         let options = eval_options(config);
         let target = teacher.target().filter(|_| !prompts.is_empty());
         let file = target.map(|t| AcceptanceFile {
+            decoding: AcceptanceFile::DECODING,
             options: options.clone(),
             draft_q8_0: config.eval_draft_q8_0,
             target_int8: t.int8_activations(),
@@ -232,7 +247,8 @@ impl<'a> Acceptance<'a> {
             return Ok(());
         };
         let previous = read_acceptance(&self.path).filter(|p| {
-            p.options == file.options
+            p.decoding == file.decoding
+                && p.options == file.options
                 && p.draft_q8_0 == file.draft_q8_0
                 && (p.target_int8, p.target_amx) == (file.target_int8, file.target_amx)
                 && p.prompts_hash == file.prompts_hash

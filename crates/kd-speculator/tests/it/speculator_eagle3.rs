@@ -162,6 +162,34 @@ fn an_eagle3_head_learns_the_target_and_keeps_its_output() {
         file.before, f32_file.before,
         "the Q8_0 measurement reused the f32 one"
     );
+    assert_eq!(
+        file.decoding,
+        kd_speculator::files::AcceptanceFile::DECODING
+    );
+
+    // A file written before the decoding loop's version was recorded (decoding 1, when a
+    // Llama draft's first verification read the prompts) is measured again, not reused.
+    let path = out.join("acceptance.json");
+    let mut old: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    old.as_object_mut().unwrap().remove("decoding");
+    std::fs::write(&path, old.to_string()).unwrap();
+    assert_eq!(
+        kd_speculator::files::read_acceptance(&path)
+            .unwrap()
+            .decoding,
+        1
+    );
+    run(&q8, &mut Phases::default()).unwrap();
+    let again = kd_speculator::files::read_acceptance(&path).unwrap();
+    assert_eq!(
+        again.decoding,
+        kd_speculator::files::AcceptanceFile::DECODING
+    );
+    assert_ne!(
+        again.before, file.before,
+        "a decoding-1 measurement was reused"
+    );
 }
 
 /// `speculator export` of a trained checkpoint: both layouts load back to the same tensors,
