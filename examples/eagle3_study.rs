@@ -327,9 +327,10 @@ fn main() -> Result<()> {
     println!(
         "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | \
          verification pass (× a decode step) | draft per round | passes | time in passes, draft \
-         | speedup after the prefill | rows equal to the target alone |"
+         | speedup after the prefill | target's token in the draft's top 1 / 2 / 4 / 8 | rows \
+         equal to the target alone |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Verification passes over a batch (a row's round is `verify_steps`).
     let batch_rounds =
         |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(s.prefill_forwards).max(1) as f64;
@@ -342,7 +343,7 @@ fn main() -> Result<()> {
             .map(|a| format!("{:.0}%", 100.0 * a))
             .collect();
         println!(
-            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {} | {:.0}%, {:.0}% | {decode_speedup:.2}× | {equal}/{} |",
+            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {} | {:.0}%, {:.0}% | {decode_speedup:.2}× | {} | {equal}/{} |",
             rate / plain_rate,
             s.mean_accepted_length_with_bonus(),
             s.drafted as f64 / rounds,
@@ -353,6 +354,9 @@ fn main() -> Result<()> {
             s.target_forwards,
             100.0 * s.target_seconds / seconds,
             100.0 * s.draft_seconds / seconds,
+            [1, 2, 4, 8]
+                .map(|m| format!("{:.0}%", 100.0 * s.top_m_agreement(m)))
+                .join(" / "),
             held_out.len(),
         );
     }

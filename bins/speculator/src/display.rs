@@ -202,6 +202,14 @@ pub fn print_report(label: &str, r: &AcceptanceReport) {
         r.alpha, r.expected_length_from_alpha
     );
     println!("  top-1 agreement        {:.1}%", 100.0 * r.top1_agreement);
+    if r.top_m_agreement.len() >= 8 {
+        println!(
+            "  top-2 / 4 / 8          {:.1}% / {:.1}% / {:.1}% (the target's token among the draft's most probable)",
+            100.0 * r.top_m_agreement[1],
+            100.0 * r.top_m_agreement[3],
+            100.0 * r.top_m_agreement[7]
+        );
+    }
     println!(
         "  speculative decoding   {:.1} tokens/s ({} tokens in {:.2} s)",
         r.speculative_tokens_per_second, r.tokens, r.speculative_seconds

@@ -46,4 +46,4 @@ pub use report::{
     AcceptanceReport, EvalOptions, EvalPhase, evaluate, evaluate_across, expected_length,
 };
 pub use speculative::{SpecConfig, SpecOutput, speculative_generate};
-pub use stats::SpecStats;
+pub use stats::{SpecStats, TOP_M};

@@ -66,6 +66,11 @@ pub struct AcceptanceReport {
     pub alpha: f64,
     /// Share of examined positions where draft and target argmax agree.
     pub top1_agreement: f64,
+    /// `top_m_agreement[m − 1]`: share of examined positions where the target's argmax is
+    /// among the draft's m most probable tokens, m = 1..=8 (what a tree of m drafts per
+    /// position could hold; see [`SpecStats::top_m_agreement`]).
+    #[serde(default)]
+    pub top_m_agreement: Vec<f64>,
     /// Tokens per verification that α predicts if acceptances were independent:
     /// (1 − α^(k+1)) / (1 − α), bonus counted.
     pub expected_length_from_alpha: f64,
@@ -333,6 +338,9 @@ fn report(options: &EvalOptions, total: usize, ranks: &[RankResult]) -> Acceptan
         per_position_acceptance: stats.per_position_acceptance(),
         alpha,
         top1_agreement: stats.top1_agreement(),
+        top_m_agreement: (1..=crate::stats::TOP_M)
+            .map(|m| stats.top_m_agreement(m))
+            .collect(),
         expected_length_from_alpha: expected_length(alpha, k),
         tokens,
         speculative_seconds,

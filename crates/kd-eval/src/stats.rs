@@ -25,6 +25,11 @@ pub struct SpecStats {
     pub alpha_sum: f64,
     /// Examined positions where the argmax of p equals the argmax of q.
     pub top1_agree: usize,
+    /// `in_top[m − 1]`: examined positions where the argmax of p is among the m tokens q
+    /// ranks highest, m = 1..=[`TOP_M`] (how often a tree of m drafts at a position would hold
+    /// the target's greedy token; empty in counts from before it was recorded).
+    #[serde(default)]
+    pub in_top: Vec<usize>,
     /// Positions examined (the denominator of α and top-1 agreement).
     pub examined: usize,
     /// Forward passes of the draft.
@@ -44,13 +49,36 @@ pub struct SpecStats {
     pub prefill_seconds: f64,
 }
 
+/// The widest draft top-m whose agreement with the target's argmax is counted
+/// ([`SpecStats::in_top`]).
+pub const TOP_M: usize = 8;
+
 impl SpecStats {
     pub(crate) fn new(k: usize) -> Self {
         Self {
             k,
             reached: vec![0; k],
             accepted_at: vec![0; k],
+            in_top: vec![0; TOP_M],
             ..Self::default()
+        }
+    }
+
+    /// Counts one examined position whose target argmax the draft ranks `rank`-th (0 = its
+    /// own argmax).
+    pub(crate) fn count_rank(&mut self, rank: usize) {
+        self.in_top.resize(TOP_M, 0);
+        for n in &mut self.in_top[rank.min(TOP_M)..] {
+            *n += 1;
+        }
+    }
+
+    /// Share of examined positions where the target's argmax is among the draft's `m`
+    /// most probable tokens (m = 1..=[`TOP_M`]; 0 outside that range or without counts).
+    pub fn top_m_agreement(&self, m: usize) -> f64 {
+        match m.checked_sub(1).and_then(|i| self.in_top.get(i)) {
+            Some(n) => ratio(*n, self.examined),
+            None => 0.0,
         }
     }
 
@@ -73,6 +101,12 @@ impl SpecStats {
         }
         self.alpha_sum += o.alpha_sum;
         self.top1_agree += o.top1_agree;
+        if self.in_top.len() < o.in_top.len() {
+            self.in_top.resize(o.in_top.len(), 0);
+        }
+        for (a, b) in self.in_top.iter_mut().zip(&o.in_top) {
+            *a += b;
+        }
         self.examined += o.examined;
         self.draft_forwards += o.draft_forwards;
         self.target_forwards += o.target_forwards;

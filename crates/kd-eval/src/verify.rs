@@ -41,9 +41,12 @@ pub(crate) fn verify_row<'q>(
         let (zp, zq) = (p_at(i), q_at(i));
         stats.reached[i] += 1;
         stats.examined += 1;
-        if argmax(zp) == argmax(zq) {
+        let target = argmax(zp);
+        if target == argmax(zq) {
             stats.top1_agree += 1;
         }
+        let at = zq[target as usize];
+        stats.count_rank(zq.iter().filter(|&&v| v > at).count());
         let ok = if greedy {
             stats.alpha_sum += overlap(&softmax(zp), &softmax(zq));
             argmax(zp) == d
@@ -110,4 +113,47 @@ fn residual_sample(p: &[f32], q: &[f32], rng: &mut ChaCha8Rng) -> u32 {
         *v /= total;
     }
     sample_from(&r, rng)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    /// Greedy verification of two drafts: the first is the target's argmax (accepted), the
+    /// second is not (rejected). The target's argmax at the first position is the draft's own
+    /// argmax (rank 0: in every top m); at the second, the draft ranks it third (two logits
+    /// above it: in the tops of 3 and wider only).
+    #[test]
+    fn the_targets_token_is_counted_in_the_drafts_top_m() {
+        let p = [
+            0.0, 5.0, 1.0, 2.0, /* position 1 */ 0.0, 5.0, 1.0, 2.0, /* bonus */ 0.0,
+            0.0, 0.0, 1.0,
+        ];
+        let q = [[0.0f32, 4.0, 1.0, 2.0], [3.0, 1.0, 2.0, 0.0]];
+        let mut stats = SpecStats::new(2);
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let (accepted, next) = verify_row(
+            &[1, 0],
+            &p,
+            |i| &q[i][..],
+            &[],
+            &Sampling::temperature(0.0),
+            &mut rng,
+            &mut stats,
+        );
+        assert_eq!((accepted, next), (1, 1));
+        assert_eq!(stats.examined, 2);
+        assert_eq!(stats.in_top, [1, 1, 2, 2, 2, 2, 2, 2]);
+        assert_eq!(stats.top_m_agreement(1), 0.5);
+        assert_eq!(stats.top_m_agreement(3), 1.0);
+        assert_eq!(stats.top_m_agreement(0), 0.0);
+        assert_eq!(stats.top_m_agreement(9), 0.0);
+        // Counts add up across runs, older counts without the field included.
+        let mut merged = SpecStats::default();
+        merged.merge(&stats);
+        merged.merge(&SpecStats::default());
+        merged.merge(&stats);
+        assert_eq!(merged.in_top, [2, 2, 4, 4, 4, 4, 4, 4]);
+    }
 }

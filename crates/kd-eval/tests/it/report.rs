@@ -37,6 +37,17 @@ fn report_counts_agree_with_each_other() {
     assert!(s.reached.windows(2).all(|w| w[0] >= w[1]));
     assert_eq!(s.reached[1], s.accepted_at[0]);
     assert_eq!(r.expected_length_from_alpha, expected_length(r.alpha, 4));
+    // The target's token among the draft's top m: the top 1 is the top-1 agreement, a wider
+    // top holds it at least as often, and this 2-layer draft misses more often than top 8.
+    assert_eq!(s.in_top.len(), kd_eval::TOP_M);
+    assert_eq!(s.in_top[0], s.top1_agree);
+    assert!(s.in_top.windows(2).all(|w| w[0] <= w[1]), "{:?}", s.in_top);
+    assert!(
+        s.in_top[0] < s.in_top[7] && s.in_top[7] <= s.examined,
+        "{s:?}"
+    );
+    assert_eq!(r.top_m_agreement.len(), kd_eval::TOP_M);
+    assert_eq!(r.top_m_agreement[0], r.top1_agreement);
     let c = r.cost_ratio.unwrap();
     assert!(c > 0.0 && c.is_finite());
     assert!(r.measured_speedup.unwrap() > 0.0);
