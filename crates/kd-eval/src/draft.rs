@@ -30,16 +30,15 @@ pub trait Drafter: Sync {
         &[]
     }
 
-    /// Starts decoding `prompts`. With a prefill (what [`speculative_generate`] always
-    /// gives), the target has already read each prompt and chosen its first token; its
-    /// features come with it for drafters with [`feature_layers`].
+    /// Starts decoding `prompts` after the target's `prefill`: the target has read each
+    /// prompt and chosen its first token (`prefill.first[r]` for row r); its features come
+    /// with it for drafters with [`feature_layers`].
     ///
     /// [`feature_layers`]: Drafter::feature_layers
-    /// [`speculative_generate`]: crate::speculative_generate
     fn start<'s>(
         &'s self,
         prompts: &[&[u32]],
-        prefill: Option<Prefill>,
+        prefill: Prefill,
     ) -> Result<Box<dyn DraftSession + 's>>;
 
     /// The draft as a model that decodes alone (the cost baseline of the acceptance report);
@@ -99,6 +98,18 @@ pub(crate) fn real_lengths(cache: &KvCache, rows: usize) -> Vec<i64> {
     }
 }
 
+/// Refuses a prefill whose first tokens are not one per prompt.
+fn check_first_tokens(prompts: &[&[u32]], prefill: &Prefill) -> Result<()> {
+    if prefill.first.len() != prompts.len() {
+        return Err(EvalError::Config(format!(
+            "a prefill of {} first tokens for {} prompts",
+            prefill.first.len(),
+            prompts.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that a draft can serve a target: same vocabulary size. (Whether the two
 /// tokenizers map ids to the same strings is the caller's to check.)
 pub fn check_pair(target: &Llama, draft: &Llama) -> Result<()> {
@@ -120,18 +131,13 @@ impl Drafter for Llama {
     fn start<'s>(
         &'s self,
         prompts: &[&[u32]],
-        prefill: Option<Prefill>,
+        prefill: Prefill,
     ) -> Result<Box<dyn DraftSession + 's>> {
+        check_first_tokens(prompts, &prefill)?;
         let pending = prompts
             .iter()
-            .enumerate()
-            .map(|(r, p)| {
-                let mut v = p.to_vec();
-                if let Some(first) = prefill.as_ref().and_then(|f| f.first.get(r)) {
-                    v.push(*first);
-                }
-                v
-            })
+            .zip(&prefill.first)
+            .map(|(p, first)| p.iter().copied().chain([*first]).collect())
             .collect();
         Ok(Box::new(LlamaSession {
             model: self,
@@ -256,11 +262,15 @@ impl Drafter for Eagle3Drafter<'_> {
     fn start<'s>(
         &'s self,
         prompts: &[&[u32]],
-        prefill: Option<Prefill>,
+        prefill: Prefill,
     ) -> Result<Box<dyn DraftSession + 's>> {
-        let Some((first, features)) = prefill.and_then(|p| Some((p.first, p.features?))) else {
+        check_first_tokens(prompts, &prefill)?;
+        let Prefill { first, features } = prefill;
+        let Some(features) = features else {
             return Err(EvalError::Config(
-                "an EAGLE-3 draft starts from the target's prefill (its features)".into(),
+                "an EAGLE-3 draft starts from the target's features over the prompts (a \
+                 prefill with features)"
+                    .into(),
             ));
         };
         let draft = self.draft;

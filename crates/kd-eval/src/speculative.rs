@@ -146,7 +146,7 @@ fn speculative_loop<D: Drafter + ?Sized>(
     };
     let ids: Vec<&[u32]> = run.rows.iter().map(|r| prompts[r.out].ids).collect();
     let started = Instant::now();
-    let mut session = draft.start(&ids, Some(prefill))?;
+    let mut session = draft.start(&ids, prefill)?;
     run.stats.draft_seconds += started.elapsed().as_secs_f64();
     while !run.rows.is_empty() {
         let proposal = run.propose(session.as_mut())?;

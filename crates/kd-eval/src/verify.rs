@@ -49,7 +49,7 @@ pub(crate) fn verify_row<'q>(
         stats.count_rank(zq.iter().filter(|&&v| v > at).count());
         let ok = if greedy {
             stats.alpha_sum += overlap(&softmax(zp), &softmax(zq));
-            argmax(zp) == d
+            target == d
         } else {
             let (p, q) = (distribution(zp, sampling), &q_probs[i]);
             stats.alpha_sum += overlap(&p, q);
@@ -67,7 +67,7 @@ pub(crate) fn verify_row<'q>(
             stats.accepted_at[i] += 1;
         } else {
             if greedy {
-                next = Some(argmax(zp));
+                next = Some(target);
             }
             break;
         }

@@ -49,20 +49,19 @@ impl TeacherBackend {
 /// cannot (no packed GGUF blocks; no AMX tiles on this CPU or for these block types).
 pub(crate) fn decoding_target(target: Llama, path: &Path, int8: bool, amx: bool) -> Result<Llama> {
     let int8 = int8 || amx;
+    let flag = target_flag(amx);
     let target = target.with_int8_activations(int8).with_amx_tiles(amx);
     if int8 && !target.int8_activations() {
         return Err(PipelineError::Config(format!(
-            "{}: the target {} has no packed GGUF blocks to decode from (a .gguf \
+            "{flag}: the target {} has no packed GGUF blocks to decode from (a .gguf \
              file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
-            if amx { "--target_amx" } else { "--target_int8" },
             path.display()
         )));
     }
     if int8 && kd_kernels::cpu::level() < kd_kernels::cpu::SimdLevel::Avx2 {
         return Err(PipelineError::Config(format!(
-            "{}: 8-bit activations need AVX2 or above, and decoding here runs at {} (the \
+            "{flag}: 8-bit activations need AVX2 or above, and decoding here runs at {} (the \
              CPU, or KD_SIMD); leave the flag out",
-            if amx { "--target_amx" } else { "--target_int8" },
             kd_kernels::cpu::level().name()
         )));
     }
@@ -75,6 +74,11 @@ pub(crate) fn decoding_target(target: Llama, path: &Path, int8: bool, amx: bool)
         )));
     }
     Ok(target)
+}
+
+/// The flag that asked for 8-bit activations (`--target_amx` implies them).
+fn target_flag(amx: bool) -> &'static str {
+    if amx { "--target_amx" } else { "--target_int8" }
 }
 
 /// The teacher cache's fingerprint of the target at `path` as this run decodes it: 8-bit
@@ -98,11 +102,7 @@ pub(crate) fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<T
                 "{}: the target is only reachable at --teacher_url here, which decodes as its \
                  server does; the flag sets a local target's arithmetic (give --target_model \
                  a local GGUF file, or leave the flag out)",
-                if config.target_amx {
-                    "--target_amx"
-                } else {
-                    "--target_int8"
-                }
+                target_flag(config.target_amx)
             )));
         }
         // Several servers: rank r talks to server r mod n.
