@@ -121,7 +121,7 @@ pub fn speculative_generate<D: Drafter + ?Sized>(
 ) -> Result<SpecOutput> {
     // The whole loop on a worker of rayon's pool: the draft's and the target's operations
     // then need no hand-off each.
-    kd_kernels::on_pool(|| speculative_loop(target, draft, prompts, config))
+    target.run_decoding(|| speculative_loop(target, draft, prompts, config))
 }
 
 fn speculative_loop<D: Drafter + ?Sized>(

@@ -10,6 +10,8 @@
 //! - [`testing`]: re-runs a test binary's kernel cases at every lower level;
 //! - [`f32_view`]: the f32 values of a CPU (`flex`) tensor, borrowed when contiguous;
 //! - [`on_pool`]: runs work with many small parallel operations on a worker of rayon's pool;
+//!   [`keep_awake`] does so with the pool's other workers polling for work until it returns
+//!   (decoding);
 //! - [`write_atomic`]: the workspace's one atomic file write (temporary file, fsync, rename,
 //!   fsync of the directory);
 //! - [`IGNORE_INDEX`]: the label of positions that do not count.
@@ -47,7 +49,7 @@ mod view;
 
 pub use error::KernelError;
 pub use fs::write_atomic;
-pub use pool::on_pool;
+pub use pool::{keep_awake, on_pool};
 #[cfg(feature = "flex")]
 pub use view::f32_view;
 

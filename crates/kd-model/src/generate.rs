@@ -116,7 +116,7 @@ impl Llama {
         options: &GenerateOptions,
     ) -> Result<Vec<Completion>> {
         // The whole loop on a worker of the pool: no hand-off per step.
-        kd_kernels::on_pool(|| self.generate_here(prompts, options))
+        self.run_decoding(|| self.generate_here(prompts, options))
     }
 
     fn generate_here(

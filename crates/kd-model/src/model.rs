@@ -313,7 +313,7 @@ impl Llama {
             ));
         }
         // On a worker of the pool: no hand-off per operation of the pass.
-        kd_kernels::on_pool(|| self.run(batch, Some(cache), options))
+        self.run_decoding(|| self.run(batch, Some(cache), options))
     }
 
     fn run(
