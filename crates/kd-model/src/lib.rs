@@ -240,6 +240,14 @@ impl Llama {
         self.packed.as_ref().is_some_and(|p| p.amx())
     }
 
+    /// Whether this process can run 8-bit products on AMX tiles
+    /// ([`with_amx_tiles`](Self::with_amx_tiles)): a CPU with AMX-INT8 under Linux, the SIMD
+    /// level in use AVX-512 (`KD_SIMD` not capping it), and the tile state granted. Whether a
+    /// given model uses them also depends on its block types (Q4_1, Q8_0).
+    pub fn amx_tiles_available() -> bool {
+        packed::amx_available()
+    }
+
     /// Runs `f` (decoding work of this model: a pass through the KV cache, a generation or
     /// speculative loop) on a worker of rayon's pool. On the CPU backend the pool's other
     /// workers stay awake while it runs ([`kd_kernels::keep_awake`]): a decode step is a few

@@ -29,6 +29,7 @@ use crate::q8::{self, Q8Rows};
 use crate::q8k::{Q8KRows, is_kquant};
 
 mod amx;
+pub(crate) use amx::available as amx_available;
 pub(crate) mod group;
 mod kernels;
 use kernels::Kernel;

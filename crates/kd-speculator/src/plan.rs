@@ -34,6 +34,7 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
     let given = config;
     let config = &config.with_local_models()?;
     let s = setup(config)?;
+    crate::settings::check_decoding_flags(config, &s)?;
     let mut items = Vec::new();
     let mut put = |k: &str, v: String| items.push((k.to_string(), v));
     // Hub ids found in the Hugging Face cache: where they were found.

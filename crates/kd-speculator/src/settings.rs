@@ -49,31 +49,82 @@ impl TeacherBackend {
 /// cannot (no packed GGUF blocks; no AMX tiles on this CPU or for these block types).
 pub(crate) fn decoding_target(target: Llama, path: &Path, int8: bool, amx: bool) -> Result<Llama> {
     let int8 = int8 || amx;
-    let flag = target_flag(amx);
     let target = target.with_int8_activations(int8).with_amx_tiles(amx);
     if int8 && !target.int8_activations() {
-        return Err(PipelineError::Config(format!(
-            "{flag}: the target {} has no packed GGUF blocks to decode from (a .gguf \
-             file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
-            path.display()
-        )));
+        return Err(no_blocks(path, amx));
     }
+    check_cpu(int8, amx)?;
+    if amx && !target.amx_tiles() {
+        return Err(no_tiles(path));
+    }
+    Ok(target)
+}
+
+/// The dry run's check of `--target_int8` / `--target_amx` from the target's file header and
+/// this CPU: what [`load_teacher`] and [`decoding_target`] refuse, but for the block types an
+/// AMX target needs (only the loaded blocks tell).
+pub(crate) fn check_decoding_flags(config: &SpeculatorConfig, setup: &Setup) -> Result<()> {
+    let (int8, amx) = (config.target_int8 || config.target_amx, config.target_amx);
+    if !int8 {
+        return Ok(());
+    }
+    if setup.target_config.is_none() {
+        return Err(remote_only(amx));
+    }
+    let path = &config.target_model;
+    let on_cpu = setup.target_devices.first() == Some(&burn::tensor::Device::flex());
+    if !on_cpu || !matches!(Llama::packed_projections(path)?, Some((n, _)) if n > 0) {
+        return Err(no_blocks(path, amx));
+    }
+    check_cpu(int8, amx)?;
+    if amx && !Llama::amx_tiles_available() {
+        return Err(no_tiles(path));
+    }
+    Ok(())
+}
+
+/// The flags need a local target: one reached only at `--teacher_url` decodes as its server
+/// does.
+fn remote_only(amx: bool) -> PipelineError {
+    PipelineError::Config(format!(
+        "{}: the target is only reachable at --teacher_url here, which decodes as its \
+         server does; the flag sets a local target's arithmetic (give --target_model \
+         a local GGUF file, or leave the flag out)",
+        target_flag(amx)
+    ))
+}
+
+/// The target at `path` has no packed blocks for 8-bit activations to meet.
+fn no_blocks(path: &Path, amx: bool) -> PipelineError {
+    PipelineError::Config(format!(
+        "{}: the target {} has no packed GGUF blocks to decode from (a .gguf \
+         file of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K projections on the cpu device)",
+        target_flag(amx),
+        path.display()
+    ))
+}
+
+/// 8-bit activations below AVX2 would stand down to f32 products.
+fn check_cpu(int8: bool, amx: bool) -> Result<()> {
     if int8 && kd_kernels::cpu::level() < kd_kernels::cpu::SimdLevel::Avx2 {
         return Err(PipelineError::Config(format!(
-            "{flag}: 8-bit activations need AVX2 or above, and decoding here runs at {} (the \
+            "{}: 8-bit activations need AVX2 or above, and decoding here runs at {} (the \
              CPU, or KD_SIMD); leave the flag out",
+            target_flag(amx),
             kd_kernels::cpu::level().name()
         )));
     }
-    if amx && !target.amx_tiles() {
-        return Err(PipelineError::Config(format!(
-            "--target_amx: no AMX tiles for the target {}: they need a CPU with AMX-INT8 \
-             (Sapphire Rapids or a later Xeon) under Linux, KD_SIMD not capping it below avx512, \
-             and Q4_1 or Q8_0 projections (use --target_int8 elsewhere)",
-            path.display()
-        )));
-    }
-    Ok(target)
+    Ok(())
+}
+
+/// No AMX tiles for the target at `path` (this CPU or its block types).
+fn no_tiles(path: &Path) -> PipelineError {
+    PipelineError::Config(format!(
+        "--target_amx: no AMX tiles for the target {}: they need a CPU with AMX-INT8 \
+         (Sapphire Rapids or a later Xeon) under Linux, KD_SIMD not capping it below avx512, \
+         and Q4_1 or Q8_0 projections (use --target_int8 elsewhere)",
+        path.display()
+    ))
 }
 
 /// The flag that asked for 8-bit activations (`--target_amx` implies them).
@@ -98,12 +149,7 @@ pub(crate) fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<T
     let dir = &config.target_model;
     if let Some(urls) = &config.teacher_url {
         if (config.target_int8 || config.target_amx) && setup.target_config.is_none() {
-            return Err(PipelineError::Config(format!(
-                "{}: the target is only reachable at --teacher_url here, which decodes as its \
-                 server does; the flag sets a local target's arithmetic (give --target_model \
-                 a local GGUF file, or leave the flag out)",
-                target_flag(config.target_amx)
-            )));
+            return Err(remote_only(config.target_amx));
         }
         // Several servers: rank r talks to server r mod n.
         let (url, servers) = kd_pipeline::ranks::rank_url(urls, kd_dist::world())?;

@@ -570,6 +570,47 @@ fn bad_inputs_are_clear_errors() {
         let e = kd_speculator::plan(&config).unwrap_err().to_string();
         assert!(e.contains(flag) && e.contains("hidden states 0..="), "{e}");
     }
+    // 8-bit activations for a target without GGUF blocks (the demo's safetensors): the dry
+    // run refuses as the run does, naming the flag.
+    let out = dir.path().join("refused");
+    for (int8, amx, flag) in [
+        (true, false, "--target_int8"),
+        (false, true, "--target_amx"),
+    ] {
+        let config = SpeculatorConfig {
+            target_int8: int8,
+            target_amx: amx,
+            ..small(&out)
+        };
+        let e = kd_speculator::plan(&config).unwrap_err().to_string();
+        assert!(
+            e.contains(flag) && e.contains("no packed GGUF blocks"),
+            "{e}"
+        );
+        let e = err(&config);
+        assert!(
+            e.contains(flag) && e.contains("no packed GGUF blocks"),
+            "{e}"
+        );
+    }
+    // ... and for a target only reachable at --teacher_url (refused before any request).
+    let remote = SpeculatorConfig {
+        teacher_url: Some("http://127.0.0.1:9".into()),
+        teacher_max_retries: 0,
+        target_model: "example-org/not-in-the-cache".into(),
+        target_int8: true,
+        ..small(&out)
+    };
+    for e in [
+        kd_speculator::plan(&remote).unwrap_err().to_string(),
+        err(&remote),
+    ] {
+        assert!(
+            e.contains("--target_int8") && e.contains("only reachable at --teacher_url"),
+            "{e}"
+        );
+    }
+    assert!(!out.exists(), "the refused runs made {}", out.display());
 }
 
 /// Serves the demo target over SGLang's API; every request after the first `healthy` ones

@@ -455,6 +455,24 @@ fn smollm2_with_8_bit_activations_runs_the_eagle3_pipeline() {
         eval_k: 2,
         ..small_eagle3(&out)
     };
+    // The dry run takes the flag this CPU supports, and refuses --target_amx without tiles.
+    let plan = kd_speculator::plan(&config).unwrap();
+    let (_, line) = plan.items.iter().find(|(k, _)| k == "target").unwrap();
+    let flag = if amx {
+        "(--target_amx)"
+    } else {
+        "(--target_int8)"
+    };
+    assert!(line.contains(flag), "{line}");
+    if !kd_model::Llama::amx_tiles_available() {
+        let tiles = SpeculatorConfig {
+            target_int8: false,
+            target_amx: true,
+            ..config.clone()
+        };
+        let e = kd_speculator::plan(&tiles).unwrap_err().to_string();
+        assert!(e.contains("--target_amx: no AMX tiles"), "{e}");
+    }
     let summary = run(&config, &mut Phases::default()).unwrap();
     assert_eq!(summary.prompts, (24, 18, 6));
     let a = summary.acceptance.as_ref().unwrap();
