@@ -60,9 +60,10 @@ pub(crate) fn decoding_target(target: Llama, path: &Path, int8: bool, amx: bool)
     Ok(target)
 }
 
-/// The dry run's check of `--target_int8` / `--target_amx` from the target's file header and
-/// this CPU: what [`load_teacher`] and [`decoding_target`] refuse, but for the block types an
-/// AMX target needs (only the loaded blocks tell).
+/// The check of `--target_int8` / `--target_amx` from the target's file header and this CPU,
+/// before any weight is read (the dry run's, and the first thing [`load_teacher`] does):
+/// what [`decoding_target`] refuses, but for the block types an AMX target needs (only the
+/// loaded blocks tell).
 pub(crate) fn check_decoding_flags(config: &SpeculatorConfig, setup: &Setup) -> Result<()> {
     let (int8, amx) = (config.target_int8 || config.target_amx, config.target_amx);
     if !int8 {
@@ -146,11 +147,11 @@ fn decoding_fingerprint(config: &SpeculatorConfig, path: &Path) -> Result<String
 }
 
 pub(crate) fn load_teacher(config: &SpeculatorConfig, setup: &Setup) -> Result<TeacherBackend> {
+    // What the dry run checks of the 8-bit flags, before anything is loaded; the loaded
+    // blocks are checked again by `decoding_target`.
+    check_decoding_flags(config, setup)?;
     let dir = &config.target_model;
     if let Some(urls) = &config.teacher_url {
-        if (config.target_int8 || config.target_amx) && setup.target_config.is_none() {
-            return Err(remote_only(config.target_amx));
-        }
         // Several servers: rank r talks to server r mod n.
         let (url, servers) = kd_pipeline::ranks::rank_url(urls, kd_dist::world())?;
         let remote = RemoteTeacher::new(RemoteConfig {
