@@ -303,7 +303,9 @@ pub(crate) fn forward(
             let kh = &k[g * hs..][..t * d];
             let vh = &v[g * hs..][..t * d];
             let mh = &mask[bi * s * t..][..s * t];
-            let mut scores = vec![0f32; QUERY_BLOCK * KEY_BLOCK.min(t)];
+            // One block of scores: a short pass takes its queries one at a time.
+            let rows = if s <= ROW_BY_ROW { 1 } else { QUERY_BLOCK };
+            let mut scores = vec![0f32; rows * KEY_BLOCK.min(t)];
             let mut state = [(f32::NEG_INFINITY, 0f32, 1f32); QUERY_BLOCK];
             // Queries i0..i0 + rb against keys k0..k1 of `kh`/`vh`, in blocks of KEY_BLOCK
             // from k0; query i's mask is `mh[i * mt..]` (`mt` = 0: one row for all).
