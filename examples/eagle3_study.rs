@@ -234,9 +234,11 @@ fn main() -> Result<()> {
     let mut prefill_seconds = 0f64;
     let mut first_token = options.clone();
     first_token.max_new_tokens = 1;
-    // Per arm: seconds, tokens, counts, rows equal to the target alone.
-    let mut arms: Vec<(f64, usize, kd_eval::SpecStats, usize)> =
-        vec![(0.0, 0, kd_eval::SpecStats::default(), 0); specs.len()];
+    // Per arm: seconds, tokens, counts, rows equal to the target alone, and each batch's
+    // (accepted, verifications) for τ's confidence interval.
+    type Arm = (f64, usize, kd_eval::SpecStats, usize, Vec<(f64, f64)>);
+    let mut arms: Vec<Arm> =
+        vec![(0.0, 0, kd_eval::SpecStats::default(), 0, Vec::new()); specs.len()];
     anyhow::ensure!(
         args.batch > 0,
         "--batch 0: decode at least one prompt at a time"
@@ -268,6 +270,8 @@ fn main() -> Result<()> {
             let out = kd_eval::speculative_generate(&target, &drafter, &prompts, spec)?;
             arm.0 += started.elapsed().as_secs_f64();
             arm.2.merge(&out.stats);
+            arm.4
+                .push((out.stats.accepted as f64, out.stats.verify_steps as f64));
             for (j, (c, plain)) in out.completions.iter().zip(&plain).enumerate() {
                 arm.1 += c.ids.len();
                 // With f32 activations every row must equal the target alone's; with 8-bit
@@ -308,7 +312,7 @@ fn main() -> Result<()> {
     let rows: Vec<_> = specs
         .iter()
         .zip(arms)
-        .map(|(spec, (seconds, tokens, stats, equal))| {
+        .map(|(spec, (seconds, tokens, stats, equal, batches))| {
             (
                 spec.k,
                 spec.draft_p_min,
@@ -317,6 +321,7 @@ fn main() -> Result<()> {
                 equal,
                 seconds,
                 decode_rate(tokens, seconds) / plain_decode_rate,
+                kd_eval::ratio_interval(batches),
             )
         })
         .collect();
@@ -325,7 +330,7 @@ fn main() -> Result<()> {
     let decode_step =
         (plain_seconds - prefill_seconds) / plain_steps.saturating_sub(batches).max(1) as f64;
     println!(
-        "| k | draft_p_min | tokens/s | speedup | τ | drafted per round | per position | \
+        "| k | draft_p_min | tokens/s | speedup | τ (95% CI over the batches) | drafted per round | per position | \
          verification pass (× a decode step) | draft per round | passes | time in passes, draft \
          | speedup after the prefill | target's token in the draft's top 1 / 2 / 4 / 8 | rows \
          equal to the target alone |"
@@ -334,7 +339,10 @@ fn main() -> Result<()> {
     // Verification passes over a batch (a row's round is `verify_steps`).
     let batch_rounds =
         |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(s.prefill_forwards).max(1) as f64;
-    for (k, p_min, rate, s, equal, seconds, decode_speedup) in rows {
+    for (k, p_min, rate, s, equal, seconds, decode_speedup, tau_ci) in rows {
+        let tau_ci = tau_ci
+            .map(|i| format!(" ({:.2}–{:.2})", 1.0 + i.low.max(0.0), 1.0 + i.high))
+            .unwrap_or_default();
         let rounds = s.verify_steps.max(1) as f64;
         let pass = s.verification_pass_seconds();
         let positions: Vec<String> = s
@@ -343,7 +351,7 @@ fn main() -> Result<()> {
             .map(|a| format!("{:.0}%", 100.0 * a))
             .collect();
         println!(
-            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {} | {:.0}%, {:.0}% | {decode_speedup:.2}× | {} | {equal}/{} |",
+            "| {k} | {p_min} | {rate:.1} | {:.2}× | {:.2}{tau_ci} | {:.2} | {} | {:.1} ms ({:.2}×) | {:.1} ms | {} | {:.0}%, {:.0}% | {decode_speedup:.2}× | {} | {equal}/{} |",
             rate / plain_rate,
             s.mean_accepted_length_with_bonus(),
             s.drafted as f64 / rounds,

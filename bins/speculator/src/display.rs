@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kd_eval::{AcceptanceReport, EvalPhase};
+use kd_eval::{AcceptanceReport, EvalPhase, Interval};
 use kd_speculator::{Phase, SpeculatorObserver, SpeculatorSummary, process::StopSignals};
 use kd_teacher::CacheProgress;
 use kd_train::{LogRecord, TrainObserver};
@@ -186,10 +186,26 @@ pub fn print_report(label: &str, r: &AcceptanceReport) {
         "{label}: {} held-out prompts, k = {}, temperature {}",
         r.prompts, r.k, r.temperature
     );
-    println!("  acceptance rate        {:.1}%", 100.0 * r.acceptance_rate);
+    let ci = |i: Option<Interval>, scale: f64, digits: usize, unit: &str| {
+        i.map(|i| {
+            format!(
+                "; 95% CI {:.digits$}–{:.digits$}{unit}",
+                scale * i.low,
+                scale * i.high
+            )
+        })
+        .unwrap_or_default()
+    };
     println!(
-        "  mean accepted length   {:.3} drafted tokens per verification ({:.3} with the target's bonus token)",
-        r.mean_accepted_length, r.mean_accepted_length_with_bonus
+        "  acceptance rate        {:.1}%{}",
+        100.0 * r.acceptance_rate,
+        ci(r.acceptance_rate_ci95, 100.0, 1, "%")
+    );
+    println!(
+        "  mean accepted length   {:.3} drafted tokens per verification ({:.3} with the target's bonus token{})",
+        r.mean_accepted_length,
+        r.mean_accepted_length_with_bonus,
+        ci(r.mean_accepted_length_with_bonus_ci95, 1.0, 3, "")
     );
     let per: Vec<String> = r
         .per_position_acceptance

@@ -11,7 +11,8 @@
 //! - [`evaluate`]: an [`AcceptanceReport`] over a prompt set — acceptance rate, mean accepted
 //!   length (without and with the bonus token), per-position acceptance, α = E[Σ min(p, q)],
 //!   top-1 agreement, wall-clock speedup over the target alone on this machine, and the
-//!   theoretical speedup for a cost ratio; [`acceptance_svg`] draws its per-position
+//!   theoretical speedup for a cost ratio; 95% confidence intervals of the acceptance rate and
+//!   of the tokens per verification over the prompts ([`ratio_interval`]); [`acceptance_svg`] draws its per-position
 //!   acceptance (before and after training, say) as an SVG chart.
 //!
 //! ```no_run
@@ -33,6 +34,7 @@
 
 mod draft;
 mod error;
+mod interval;
 mod plot;
 mod report;
 mod speculative;
@@ -41,6 +43,7 @@ mod verify;
 
 pub use draft::{DraftSession, Drafter, Eagle3Drafter, Prefill, RowOutcome, check_pair};
 pub use error::{EvalError, Result};
+pub use interval::{Interval, ratio_interval};
 pub use plot::acceptance_svg;
 pub use report::{
     AcceptanceReport, EvalOptions, EvalPhase, evaluate, evaluate_across, expected_length,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::draft::Drafter;
 use crate::error::{EvalError, Result};
+use crate::interval::{Interval, ratio_interval};
 use crate::speculative::{SpecConfig, speculative_generate};
 use crate::stats::SpecStats;
 
@@ -55,11 +56,22 @@ pub struct AcceptanceReport {
     pub temperature: f32,
     /// Accepted drafted tokens / drafted tokens.
     pub acceptance_rate: f64,
+    /// Its 95% confidence interval over the batches decoded (each prompt, at batch size 1):
+    /// [`ratio_interval`] of their accepted and drafted tokens, clipped to [0, 1]. `None`
+    /// with fewer than two batches that drafted anything (and in reports written before it
+    /// was recorded). It says how far the rate could move on other prompts like these; it
+    /// does not cover a change of prompt domain.
+    #[serde(default)]
+    pub acceptance_rate_ci95: Option<Interval>,
     /// Drafted tokens accepted per verification, bonus token not counted.
     pub mean_accepted_length: f64,
     /// Tokens gained per verification, the target's bonus/correction token counted
     /// (`mean_accepted_length + 1`).
     pub mean_accepted_length_with_bonus: f64,
+    /// Its 95% confidence interval over the batches decoded, as `acceptance_rate_ci95`
+    /// (accepted tokens per verification, plus 1).
+    #[serde(default)]
+    pub mean_accepted_length_with_bonus_ci95: Option<Interval>,
     /// P(drafted position i accepted | all earlier accepted), i = 0..k.
     pub per_position_acceptance: Vec<f64>,
     /// α = E[Σ min(p, q)] at the examined positions (see [`SpecStats::alpha`]).
@@ -105,8 +117,12 @@ pub struct AcceptanceReport {
 impl AcceptanceReport {
     /// A one-line summary: acceptance, mean accepted length, speedup.
     pub fn summary(&self) -> String {
+        let ci = self
+            .acceptance_rate_ci95
+            .map(|i| format!(" (95% CI {:.1}–{:.1}%)", 100.0 * i.low, 100.0 * i.high))
+            .unwrap_or_default();
         let mut s = format!(
-            "acceptance {:.1}% | mean accepted length {:.2} (+1 bonus = {:.2}) at k={} | α {:.3} | top-1 {:.1}%",
+            "acceptance {:.1}%{ci} | mean accepted length {:.2} (+1 bonus = {:.2}) at k={} | α {:.3} | top-1 {:.1}%",
             100.0 * self.acceptance_rate,
             self.mean_accepted_length,
             self.mean_accepted_length_with_bonus,
@@ -328,13 +344,23 @@ fn report(options: &EvalOptions, total: usize, ranks: &[RankResult]) -> Acceptan
         .or_else(|| Some(target_tps? / draft_tps?));
     let k = spec.k;
     let alpha = stats.alpha();
+    let interval = |num: fn(&SpecStats) -> usize, den: fn(&SpecStats) -> usize| {
+        ratio_interval(
+            batches
+                .iter()
+                .map(|b| (num(&b.stats) as f64, den(&b.stats) as f64)),
+        )
+    };
     AcceptanceReport {
         prompts: total,
         k,
         temperature: spec.sampling.temperature,
         acceptance_rate: stats.acceptance_rate(),
+        acceptance_rate_ci95: interval(|s| s.accepted, |s| s.drafted).map(|i| i.clamp(0.0, 1.0)),
         mean_accepted_length: stats.mean_accepted_length(),
         mean_accepted_length_with_bonus: stats.mean_accepted_length_with_bonus(),
+        mean_accepted_length_with_bonus_ci95: interval(|s| s.accepted, |s| s.verify_steps)
+            .map(|i| i.clamp(0.0, k as f64).shift(1.0)),
         per_position_acceptance: stats.per_position_acceptance(),
         alpha,
         top1_agreement: stats.top1_agreement(),

@@ -1,8 +1,8 @@
 //! The acceptance report on the fixtures.
 
-use kd_eval::{EvalOptions, EvalPhase, SpecConfig, evaluate, expected_length};
+use kd_eval::{EvalOptions, EvalPhase, SpecConfig, evaluate, expected_length, ratio_interval};
 
-use crate::{load, prompts};
+use crate::{fixtures, load, prompts};
 
 #[test]
 fn report_counts_agree_with_each_other() {
@@ -52,4 +52,58 @@ fn report_counts_agree_with_each_other() {
     assert!(c > 0.0 && c.is_finite());
     assert!(r.measured_speedup.unwrap() > 0.0);
     assert!(r.summary().contains("mean accepted length"));
+    // Three batches: the intervals over them hold the point estimates.
+    let (rate, tau) = (
+        r.acceptance_rate_ci95.unwrap(),
+        r.mean_accepted_length_with_bonus_ci95.unwrap(),
+    );
+    assert!(
+        rate.low <= r.acceptance_rate && r.acceptance_rate <= rate.high,
+        "{rate:?}"
+    );
+    assert!(
+        (0.0..=1.0).contains(&rate.low) && rate.high <= 1.0,
+        "{rate:?}"
+    );
+    let t = r.mean_accepted_length_with_bonus;
+    assert!(1.0 <= tau.low && tau.low <= t && t <= tau.high, "{tau:?}");
+    assert!(r.summary().contains("95% CI"), "{}", r.summary());
+}
+
+/// The interval of a ratio over clusters against statsmodels' HC1 interval of the same
+/// weighted mean (`fixtures/make_ratio_interval_golden.py`).
+#[test]
+fn ratio_intervals_match_statsmodels() {
+    let path = fixtures().join("golden/ratio-intervals.json");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let cases = golden["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 4);
+    for case in cases {
+        let column = |key: &str| -> Vec<f64> {
+            case[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        };
+        let (a, d) = (column("a"), column("d"));
+        let got = ratio_interval(a.iter().copied().zip(d.iter().copied())).unwrap();
+        let (low, high) = (
+            case["low"].as_f64().unwrap(),
+            case["high"].as_f64().unwrap(),
+        );
+        let name = case["name"].as_str().unwrap();
+        assert!(
+            (got.low - low).abs() < 1e-12,
+            "{name}: low {} vs {low}",
+            got.low
+        );
+        assert!(
+            (got.high - high).abs() < 1e-12,
+            "{name}: high {} vs {high}",
+            got.high
+        );
+    }
 }
