@@ -12,8 +12,8 @@
 //!   length (without and with the bonus token), per-position acceptance, α = E[Σ min(p, q)],
 //!   top-1 agreement, wall-clock speedup over the target alone on this machine, and the
 //!   theoretical speedup for a cost ratio; 95% confidence intervals of the acceptance rate and
-//!   of the tokens per verification over the prompts ([`ratio_interval`]); [`acceptance_svg`] draws its per-position
-//!   acceptance (before and after training, say) as an SVG chart.
+//!   of the tokens per verification over the prompts ([`ratio_interval`]); [`acceptance_svg`]
+//!   draws its per-position acceptance (before and after training, say) as an SVG chart.
 //!
 //! ```no_run
 //! use kd_eval::{EvalOptions, evaluate};
