@@ -235,8 +235,14 @@ fn main() -> Result<()> {
     let mut first_token = options.clone();
     first_token.max_new_tokens = 1;
     // Per arm: seconds, tokens, counts, rows equal to the target alone, and each batch's
-    // (accepted, verifications) for τ's confidence interval.
-    type Arm = (f64, usize, kd_eval::SpecStats, usize, Vec<(f64, f64)>);
+    // counts for τ's confidence interval.
+    type Arm = (
+        f64,
+        usize,
+        kd_eval::SpecStats,
+        usize,
+        Vec<kd_eval::SpecStats>,
+    );
     let mut arms: Vec<Arm> =
         vec![(0.0, 0, kd_eval::SpecStats::default(), 0, Vec::new()); specs.len()];
     anyhow::ensure!(
@@ -270,8 +276,7 @@ fn main() -> Result<()> {
             let out = kd_eval::speculative_generate(&target, &drafter, &prompts, spec)?;
             arm.0 += started.elapsed().as_secs_f64();
             arm.2.merge(&out.stats);
-            arm.4
-                .push((out.stats.accepted as f64, out.stats.verify_steps as f64));
+            arm.4.push(out.stats);
             for (j, (c, plain)) in out.completions.iter().zip(&plain).enumerate() {
                 arm.1 += c.ids.len();
                 // With f32 activations every row must equal the target alone's; with 8-bit
@@ -321,7 +326,7 @@ fn main() -> Result<()> {
                 equal,
                 seconds,
                 decode_rate(tokens, seconds) / plain_decode_rate,
-                kd_eval::ratio_interval(batches),
+                kd_eval::acceptance_intervals(&batches, spec.k).1,
             )
         })
         .collect();
@@ -341,7 +346,7 @@ fn main() -> Result<()> {
         |s: &kd_eval::SpecStats| s.target_forwards.saturating_sub(s.prefill_forwards).max(1) as f64;
     for (k, p_min, rate, s, equal, seconds, decode_speedup, tau_ci) in rows {
         let tau_ci = tau_ci
-            .map(|i| format!(" ({:.2}–{:.2})", 1.0 + i.low.max(0.0), 1.0 + i.high))
+            .map(|i| format!(" ({:.2}–{:.2})", i.low, i.high))
             .unwrap_or_default();
         let rounds = s.verify_steps.max(1) as f64;
         let pass = s.verification_pass_seconds();

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::stats::SpecStats;
+
 /// The standard normal distribution's 97.5% quantile: a two-sided 95% interval.
 const Z95: f64 = 1.959_963_984_540_054;
 
@@ -63,6 +65,24 @@ pub fn ratio_interval(clusters: impl IntoIterator<Item = (f64, f64)>) -> Option<
         low: r - Z95 * se,
         high: r + Z95 * se,
     })
+}
+
+/// The 95% intervals of the acceptance rate (accepted / drafted, clipped to [0, 1]) and of τ
+/// (accepted per verification plus the target's own token, in [1, k + 1]) over the counts of
+/// the batches decoded at `k` drafts per verification: [`ratio_interval`] with each batch a
+/// cluster. What [`AcceptanceReport`](crate::AcceptanceReport) records.
+pub fn acceptance_intervals<'a>(
+    batches: impl IntoIterator<Item = &'a SpecStats>,
+    k: usize,
+) -> (Option<Interval>, Option<Interval>) {
+    let batches: Vec<&SpecStats> = batches.into_iter().collect();
+    let over = |num: fn(&SpecStats) -> usize, den: fn(&SpecStats) -> usize| {
+        ratio_interval(batches.iter().map(|b| (num(b) as f64, den(b) as f64)))
+    };
+    (
+        over(|s| s.accepted, |s| s.drafted).map(|i| i.clamp(0.0, 1.0)),
+        over(|s| s.accepted, |s| s.verify_steps).map(|i| i.clamp(0.0, k as f64).shift(1.0)),
+    )
 }
 
 #[cfg(test)]

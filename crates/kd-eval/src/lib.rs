@@ -43,7 +43,7 @@ mod verify;
 
 pub use draft::{DraftSession, Drafter, Eagle3Drafter, Prefill, RowOutcome, check_pair};
 pub use error::{EvalError, Result};
-pub use interval::{Interval, ratio_interval};
+pub use interval::{Interval, acceptance_intervals, ratio_interval};
 pub use plot::acceptance_svg;
 pub use report::{
     AcceptanceReport, EvalOptions, EvalPhase, evaluate, evaluate_across, expected_length,

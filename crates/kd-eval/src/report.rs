@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::draft::Drafter;
 use crate::error::{EvalError, Result};
-use crate::interval::{Interval, ratio_interval};
+use crate::interval::{Interval, acceptance_intervals};
 use crate::speculative::{SpecConfig, speculative_generate};
 use crate::stats::SpecStats;
 
@@ -57,7 +57,8 @@ pub struct AcceptanceReport {
     /// Accepted drafted tokens / drafted tokens.
     pub acceptance_rate: f64,
     /// Its 95% confidence interval over the batches decoded (each prompt, at batch size 1):
-    /// [`ratio_interval`] of their accepted and drafted tokens, clipped to [0, 1]. `None`
+    /// [`ratio_interval`](crate::ratio_interval) of their accepted and drafted tokens, clipped
+    /// to [0, 1] ([`acceptance_intervals`](crate::acceptance_intervals)). `None`
     /// with fewer than two batches that drafted anything (and in reports written before it
     /// was recorded). It says how far the rate could move on other prompts like these; it
     /// does not cover a change of prompt domain.
@@ -344,23 +345,16 @@ fn report(options: &EvalOptions, total: usize, ranks: &[RankResult]) -> Acceptan
         .or_else(|| Some(target_tps? / draft_tps?));
     let k = spec.k;
     let alpha = stats.alpha();
-    let interval = |num: fn(&SpecStats) -> usize, den: fn(&SpecStats) -> usize| {
-        ratio_interval(
-            batches
-                .iter()
-                .map(|b| (num(&b.stats) as f64, den(&b.stats) as f64)),
-        )
-    };
+    let (rate_ci, tau_ci) = acceptance_intervals(batches.iter().map(|b| &b.stats), k);
     AcceptanceReport {
         prompts: total,
         k,
         temperature: spec.sampling.temperature,
         acceptance_rate: stats.acceptance_rate(),
-        acceptance_rate_ci95: interval(|s| s.accepted, |s| s.drafted).map(|i| i.clamp(0.0, 1.0)),
+        acceptance_rate_ci95: rate_ci,
         mean_accepted_length: stats.mean_accepted_length(),
         mean_accepted_length_with_bonus: stats.mean_accepted_length_with_bonus(),
-        mean_accepted_length_with_bonus_ci95: interval(|s| s.accepted, |s| s.verify_steps)
-            .map(|i| i.clamp(0.0, k as f64).shift(1.0)),
+        mean_accepted_length_with_bonus_ci95: tau_ci,
         per_position_acceptance: stats.per_position_acceptance(),
         alpha,
         top1_agreement: stats.top1_agreement(),
