@@ -101,6 +101,12 @@ struct Args {
     /// over all rows of a batch.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Decode the held-out prompts this many times over (every arm each time, interleaved as
+    /// in one pass) and print each arm's speedup per repeat with their median: on a host whose
+    /// clock drifts, one pass's speedup is one sample. Counts and τ are the first repeat's
+    /// (greedy decoding repeats them exactly); tokens/s is over all repeats.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
     /// Sampled completions per training prompt, beside the greedy one: more training rows in
     /// the target's own distribution without more prompts (kept in
     /// `OUT/sampled-{N}-t{T}.json`; 0: the greedy completions only).
@@ -249,49 +255,89 @@ fn main() -> Result<()> {
         args.batch > 0,
         "--batch 0: decode at least one prompt at a time"
     );
-    for (b, chunk) in held_out.chunks(args.batch).enumerate() {
-        let prompts: Vec<SeededPrompt<'_>> = chunk
-            .iter()
-            .enumerate()
-            .map(|(j, p)| SeededPrompt {
-                ids: p,
-                seed: (b * args.batch + j) as u64,
-            })
-            .collect();
-        let started = Instant::now();
-        target.generate(&prompts, &first_token)?;
-        prefill_seconds += started.elapsed().as_secs_f64();
-        let started = Instant::now();
-        let plain: Vec<Vec<u32>> = target
-            .generate(&prompts, &options)?
-            .into_iter()
-            .map(|c| c.ids)
-            .collect();
-        plain_seconds += started.elapsed().as_secs_f64();
-        plain_tokens += plain.iter().map(Vec::len).sum::<usize>();
-        // A batch decodes until its longest row ends.
-        plain_steps += plain.iter().map(Vec::len).max().unwrap_or(0);
-        for (spec, arm) in specs.iter().zip(arms.iter_mut()) {
+    anyhow::ensure!(
+        args.repeats > 0,
+        "--repeats 0: decode the prompts at least once"
+    );
+    // Per repeat: the target alone's seconds and tokens after the prefill, then each arm's.
+    let mut per_repeat: Vec<(f64, usize, Vec<(f64, usize)>)> = Vec::new();
+    // Each arm's seconds in the first repeat, which its counts describe.
+    let mut first_seconds = Vec::new();
+    for repeat in 0..args.repeats {
+        let before = (
+            plain_seconds - prefill_seconds,
+            plain_tokens,
+            arms.iter()
+                .map(|a| (a.0 - prefill_seconds, a.1))
+                .collect::<Vec<_>>(),
+        );
+        for (b, chunk) in held_out.chunks(args.batch).enumerate() {
+            let prompts: Vec<SeededPrompt<'_>> = chunk
+                .iter()
+                .enumerate()
+                .map(|(j, p)| SeededPrompt {
+                    ids: p,
+                    seed: (b * args.batch + j) as u64,
+                })
+                .collect();
             let started = Instant::now();
-            let out = kd_eval::speculative_generate(&target, &drafter, &prompts, spec)?;
-            arm.0 += started.elapsed().as_secs_f64();
-            arm.2.merge(&out.stats);
-            arm.4.push(out.stats);
-            for (j, (c, plain)) in out.completions.iter().zip(&plain).enumerate() {
-                arm.1 += c.ids.len();
-                // With f32 activations every row must equal the target alone's; with 8-bit
-                // ones too while a verification pass holds at most 16 tokens per row (each
-                // row then has one-token passes' bits), but a longer pass may round
-                // differently, so they are counted.
-                anyhow::ensure!(
-                    int8 || c.ids == *plain,
-                    "k {}, draft_p_min {}: prompt {} differs from the target alone",
-                    spec.k,
-                    spec.draft_p_min,
-                    b * args.batch + j
-                );
-                arm.3 += usize::from(c.ids == *plain);
+            target.generate(&prompts, &first_token)?;
+            prefill_seconds += started.elapsed().as_secs_f64();
+            let started = Instant::now();
+            let plain: Vec<Vec<u32>> = target
+                .generate(&prompts, &options)?
+                .into_iter()
+                .map(|c| c.ids)
+                .collect();
+            plain_seconds += started.elapsed().as_secs_f64();
+            plain_tokens += plain.iter().map(Vec::len).sum::<usize>();
+            // A batch decodes until its longest row ends.
+            plain_steps += plain.iter().map(Vec::len).max().unwrap_or(0);
+            for (spec, arm) in specs.iter().zip(arms.iter_mut()) {
+                let started = Instant::now();
+                let out = kd_eval::speculative_generate(&target, &drafter, &prompts, spec)?;
+                arm.0 += started.elapsed().as_secs_f64();
+                if repeat == 0 {
+                    arm.2.merge(&out.stats);
+                    arm.4.push(out.stats);
+                }
+                for (j, (c, plain)) in out.completions.iter().zip(&plain).enumerate() {
+                    arm.1 += c.ids.len();
+                    // With f32 activations every row must equal the target alone's; with 8-bit
+                    // ones too while a verification pass holds at most 16 tokens per row (each
+                    // row then has one-token passes' bits), but a longer pass may round
+                    // differently, so they are counted.
+                    anyhow::ensure!(
+                        int8 || c.ids == *plain,
+                        "k {}, draft_p_min {}: prompt {} differs from the target alone",
+                        spec.k,
+                        spec.draft_p_min,
+                        b * args.batch + j
+                    );
+                    if repeat == 0 {
+                        arm.3 += usize::from(c.ids == *plain);
+                    }
+                }
             }
+        }
+        // This repeat alone, after the prefill (which every arm shares): the seconds and tokens
+        // added since the last repeat, less this repeat's prefill and first tokens.
+        let rows = held_out.len();
+        per_repeat.push((
+            plain_seconds - prefill_seconds - before.0,
+            (plain_tokens - before.1).saturating_sub(rows),
+            arms.iter()
+                .zip(&before.2)
+                .map(|(a, b)| {
+                    (
+                        a.0 - prefill_seconds - b.0,
+                        (a.1 - b.1).saturating_sub(rows),
+                    )
+                })
+                .collect(),
+        ));
+        if repeat == 0 {
+            first_seconds = arms.iter().map(|a| a.0).collect();
         }
     }
     let plain_rate = plain_tokens as f64 / plain_seconds;
@@ -303,7 +349,7 @@ fn main() -> Result<()> {
         args.batch
     );
     // Decoding after the prefill and the first token, which every arm shares.
-    let rows_total = held_out.len();
+    let rows_total = held_out.len() * args.repeats;
     let decode_rate = |tokens: usize, seconds: f64| {
         tokens.saturating_sub(rows_total) as f64 / (seconds - prefill_seconds).max(1e-9)
     };
@@ -317,20 +363,23 @@ fn main() -> Result<()> {
     let rows: Vec<_> = specs
         .iter()
         .zip(arms)
-        .map(|(spec, (seconds, tokens, stats, equal, batches))| {
-            (
-                spec.k,
-                spec.draft_p_min,
-                tokens as f64 / seconds,
-                stats,
-                equal,
-                seconds,
-                decode_rate(tokens, seconds) / plain_decode_rate,
-                kd_eval::acceptance_intervals(&batches, spec.k).1,
-            )
-        })
+        .zip(&first_seconds)
+        .map(
+            |((spec, (seconds, tokens, stats, equal, batches)), first)| {
+                (
+                    spec.k,
+                    spec.draft_p_min,
+                    tokens as f64 / seconds,
+                    stats,
+                    equal,
+                    *first,
+                    decode_rate(tokens, seconds) / plain_decode_rate,
+                    kd_eval::acceptance_intervals(&batches, spec.k).1,
+                )
+            },
+        )
         .collect();
-    let batches = held_out.len().div_ceil(args.batch);
+    let batches = held_out.len().div_ceil(args.batch) * args.repeats;
     // A decode step of the target alone after the prefill and the first token.
     let decode_step =
         (plain_seconds - prefill_seconds) / plain_steps.saturating_sub(batches).max(1) as f64;
@@ -372,6 +421,35 @@ fn main() -> Result<()> {
                 .join(" / "),
             held_out.len(),
         );
+    }
+    if args.repeats > 1 {
+        // Each repeat's speedup after the prefill (the table's last speedup, per repeat).
+        for (i, spec) in specs.iter().enumerate() {
+            let mut speedups: Vec<f64> = per_repeat
+                .iter()
+                .map(|(plain_s, plain_t, arms)| {
+                    let (s, t) = arms[i];
+                    (t as f64 / s.max(1e-9)) / (*plain_t as f64 / plain_s.max(1e-9))
+                })
+                .collect();
+            let each: Vec<String> = speedups.iter().map(|x| format!("{x:.2}")).collect();
+            speedups.sort_by(f64::total_cmp);
+            let n = speedups.len();
+            let median = if n % 2 == 1 {
+                speedups[n / 2]
+            } else {
+                0.5 * (speedups[n / 2 - 1] + speedups[n / 2])
+            };
+            println!(
+                "k {}, draft_p_min {}: speedup after the prefill per repeat {} — median {median:.2}× \
+                 (range {:.2}–{:.2}×, {n} repeats)",
+                spec.k,
+                spec.draft_p_min,
+                each.join(" "),
+                speedups[0],
+                speedups[n - 1],
+            );
+        }
     }
     Ok(())
 }
