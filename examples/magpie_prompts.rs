@@ -44,9 +44,15 @@ struct Args {
     /// Messages sampled together.
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
-    /// Seed.
+    /// Seed: sample `i` is drawn from seed `seed + i`, so nearby seeds repeat each other's
+    /// prompts; for more prompts beside a set written with seed S and count N, pass a seed of
+    /// at least S + 10·N (this tool's most samples) and a new --id-prefix.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Each line's `custom_id` is `{id_prefix}-{i:05}`: give sets read from one --data_dir
+    /// different prefixes, so that their ids stay distinct.
+    #[arg(long, default_value = "magpie")]
+    id_prefix: String,
 }
 
 fn main() -> Result<()> {
@@ -67,7 +73,7 @@ fn main() -> Result<()> {
     };
     let start = Instant::now();
     let prompts = magpie_prompts(&target, &tokenizer, &options)?;
-    write_batch_input(&args.out, &prompts, args.system.as_deref(), "magpie")?;
+    write_batch_input(&args.out, &prompts, args.system.as_deref(), &args.id_prefix)?;
     println!(
         "{} prompts in {:.1} s → {}",
         prompts.len(),

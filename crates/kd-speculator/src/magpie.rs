@@ -32,7 +32,10 @@ pub struct MagpieOptions {
     pub top_p: f32,
     /// Messages sampled together.
     pub batch_size: usize,
-    /// Seed: message `i` is sampled from seed `seed + i`, whatever the batch size.
+    /// Seed: sample `i` (duplicates and unfinished ones counted) is drawn from seed
+    /// `seed + i`, whatever the batch size. Nearby seeds therefore share most of their
+    /// messages (2500 prompts of seed 43 held all 1500 of seed 42's); a set disjoint from one
+    /// sampled with `seed` starts at `seed + max_attempts` or later.
     pub seed: u64,
     /// Give up after this many sampled messages (duplicates and unfinished ones included).
     pub max_attempts: usize,
