@@ -260,7 +260,8 @@ fn main() -> Result<()> {
         "--repeats 0: decode the prompts at least once"
     );
     // Per repeat: the target alone's seconds and tokens after the prefill, then each arm's.
-    let mut per_repeat: Vec<(f64, usize, Vec<(f64, usize)>)> = Vec::new();
+    type Decoded = (f64, usize);
+    let mut per_repeat: Vec<(f64, usize, Vec<Decoded>)> = Vec::new();
     // Each arm's seconds in the first repeat, which its counts describe.
     let mut first_seconds = Vec::new();
     for repeat in 0..args.repeats {
