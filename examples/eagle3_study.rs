@@ -234,23 +234,13 @@ fn main() -> Result<()> {
     }
     let mut options = GenerateOptions::greedy(args.max_new_tokens);
     options.stop_token_ids = stop.clone();
-    let (mut plain_seconds, mut plain_tokens, mut plain_steps) = (0f64, 0usize, 0usize);
-    // The prompts' prefill (and first token) alone, timed apart: every arm pays it once per
-    // batch, and llama.cpp's tokens/s leaves it out.
-    let mut prefill_seconds = 0f64;
+    let mut plain_steps = 0usize;
     let mut first_token = options.clone();
     first_token.max_new_tokens = 1;
-    // Per arm: seconds, tokens, counts, rows equal to the target alone, and each batch's
-    // counts for τ's confidence interval.
-    type Arm = (
-        f64,
-        usize,
-        kd_eval::SpecStats,
-        usize,
-        Vec<kd_eval::SpecStats>,
-    );
-    let mut arms: Vec<Arm> =
-        vec![(0.0, 0, kd_eval::SpecStats::default(), 0, Vec::new()); specs.len()];
+    // Per arm: counts, rows equal to the target alone, and each batch's counts for τ's
+    // confidence interval (all of the first repeat, which greedy decoding repeats exactly).
+    type Arm = (kd_eval::SpecStats, usize, Vec<kd_eval::SpecStats>);
+    let mut arms: Vec<Arm> = vec![(kd_eval::SpecStats::default(), 0, Vec::new()); specs.len()];
     anyhow::ensure!(
         args.batch > 0,
         "--batch 0: decode at least one prompt at a time"
@@ -259,19 +249,12 @@ fn main() -> Result<()> {
         args.repeats > 0,
         "--repeats 0: decode the prompts at least once"
     );
-    // Per repeat: the target alone's seconds and tokens after the prefill, then each arm's.
-    type Decoded = (f64, usize);
-    let mut per_repeat: Vec<(f64, usize, Vec<Decoded>)> = Vec::new();
-    // Each arm's seconds in the first repeat, which its counts describe.
-    let mut first_seconds = Vec::new();
+    let mut repeats: Vec<Repeat> = Vec::with_capacity(args.repeats);
     for repeat in 0..args.repeats {
-        let before = (
-            plain_seconds - prefill_seconds,
-            plain_tokens,
-            arms.iter()
-                .map(|a| (a.0 - prefill_seconds, a.1))
-                .collect::<Vec<_>>(),
-        );
+        let mut this = Repeat {
+            arms: vec![Decoded::default(); specs.len()],
+            ..Repeat::default()
+        };
         for (b, chunk) in held_out.chunks(args.batch).enumerate() {
             let prompts: Vec<SeededPrompt<'_>> = chunk
                 .iter()
@@ -283,27 +266,23 @@ fn main() -> Result<()> {
                 .collect();
             let started = Instant::now();
             target.generate(&prompts, &first_token)?;
-            prefill_seconds += started.elapsed().as_secs_f64();
+            this.prefill_seconds += started.elapsed().as_secs_f64();
             let started = Instant::now();
             let plain: Vec<Vec<u32>> = target
                 .generate(&prompts, &options)?
                 .into_iter()
                 .map(|c| c.ids)
                 .collect();
-            plain_seconds += started.elapsed().as_secs_f64();
-            plain_tokens += plain.iter().map(Vec::len).sum::<usize>();
+            this.plain.seconds += started.elapsed().as_secs_f64();
+            this.plain.tokens += plain.iter().map(Vec::len).sum::<usize>();
             // A batch decodes until its longest row ends.
             plain_steps += plain.iter().map(Vec::len).max().unwrap_or(0);
-            for (spec, arm) in specs.iter().zip(arms.iter_mut()) {
+            for ((spec, arm), decoded) in specs.iter().zip(&mut arms).zip(&mut this.arms) {
                 let started = Instant::now();
                 let out = kd_eval::speculative_generate(&target, &drafter, &prompts, spec)?;
-                arm.0 += started.elapsed().as_secs_f64();
-                if repeat == 0 {
-                    arm.2.merge(&out.stats);
-                    arm.4.push(out.stats);
-                }
+                decoded.seconds += started.elapsed().as_secs_f64();
                 for (j, (c, plain)) in out.completions.iter().zip(&plain).enumerate() {
-                    arm.1 += c.ids.len();
+                    decoded.tokens += c.ids.len();
                     // With f32 activations every row must equal the target alone's; with 8-bit
                     // ones too while a verification pass holds at most 16 tokens per row (each
                     // row then has one-token passes' bits), but a longer pass may round
@@ -316,31 +295,24 @@ fn main() -> Result<()> {
                         b * args.batch + j
                     );
                     if repeat == 0 {
-                        arm.3 += usize::from(c.ids == *plain);
+                        arm.1 += usize::from(c.ids == *plain);
                     }
+                }
+                if repeat == 0 {
+                    arm.0.merge(&out.stats);
+                    arm.2.push(out.stats);
                 }
             }
         }
-        // This repeat alone, after the prefill (which every arm shares): the seconds and tokens
-        // added since the last repeat, less this repeat's prefill and first tokens.
-        let rows = held_out.len();
-        per_repeat.push((
-            plain_seconds - prefill_seconds - before.0,
-            (plain_tokens - before.1).saturating_sub(rows),
-            arms.iter()
-                .zip(&before.2)
-                .map(|(a, b)| {
-                    (
-                        a.0 - prefill_seconds - b.0,
-                        (a.1 - b.1).saturating_sub(rows),
-                    )
-                })
-                .collect(),
-        ));
-        if repeat == 0 {
-            first_seconds = arms.iter().map(|a| a.0).collect();
-        }
+        repeats.push(this);
     }
+    // Every repeat together.
+    let all = Repeat::total(&repeats);
+    let prefill_seconds = all.prefill_seconds;
+    let Decoded {
+        seconds: plain_seconds,
+        tokens: plain_tokens,
+    } = all.plain;
     let plain_rate = plain_tokens as f64 / plain_seconds;
     println!(
         "held-out prompts: {}, batch {}, greedy, each batch decoded by every arm in turn; target \
@@ -351,34 +323,30 @@ fn main() -> Result<()> {
     );
     // Decoding after the prefill and the first token, which every arm shares.
     let rows_total = held_out.len() * args.repeats;
-    let decode_rate = |tokens: usize, seconds: f64| {
-        tokens.saturating_sub(rows_total) as f64 / (seconds - prefill_seconds).max(1e-9)
-    };
     println!(
         "prefill and first token alone: {prefill_seconds:.1} s ({:.0}% of the target alone's \
          time); after them the target alone decodes {:.1} tokens/s",
         100.0 * prefill_seconds / plain_seconds,
-        decode_rate(plain_tokens, plain_seconds)
+        all.decode_rate(all.plain, rows_total)
     );
-    let plain_decode_rate = decode_rate(plain_tokens, plain_seconds);
     let rows: Vec<_> = specs
         .iter()
         .zip(arms)
-        .zip(&first_seconds)
-        .map(
-            |((spec, (seconds, tokens, stats, equal, batches)), first)| {
-                (
-                    spec.k,
-                    spec.draft_p_min,
-                    tokens as f64 / seconds,
-                    stats,
-                    equal,
-                    *first,
-                    decode_rate(tokens, seconds) / plain_decode_rate,
-                    kd_eval::acceptance_intervals(&batches, spec.k).1,
-                )
-            },
-        )
+        .enumerate()
+        .map(|(i, (spec, (stats, equal, batches)))| {
+            let arm = all.arms[i];
+            (
+                spec.k,
+                spec.draft_p_min,
+                arm.tokens as f64 / arm.seconds,
+                stats,
+                equal,
+                // The first repeat's seconds, which its counts describe.
+                repeats[0].arms[i].seconds,
+                all.decode_rate(arm, rows_total) / all.decode_rate(all.plain, rows_total),
+                kd_eval::acceptance_intervals(&batches, spec.k).1,
+            )
+        })
         .collect();
     let batches = held_out.len().div_ceil(args.batch) * args.repeats;
     // A decode step of the target alone after the prefill and the first token.
@@ -425,13 +393,11 @@ fn main() -> Result<()> {
     }
     if args.repeats > 1 {
         // Each repeat's speedup after the prefill (the table's last speedup, per repeat).
+        let rows = held_out.len();
         for (i, spec) in specs.iter().enumerate() {
-            let mut speedups: Vec<f64> = per_repeat
+            let mut speedups: Vec<f64> = repeats
                 .iter()
-                .map(|(plain_s, plain_t, arms)| {
-                    let (s, t) = arms[i];
-                    (t as f64 / s.max(1e-9)) / (*plain_t as f64 / plain_s.max(1e-9))
-                })
+                .map(|r| r.decode_rate(r.arms[i], rows) / r.decode_rate(r.plain, rows))
                 .collect();
             let each: Vec<String> = speedups.iter().map(|x| format!("{x:.2}")).collect();
             speedups.sort_by(f64::total_cmp);
@@ -453,6 +419,47 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Seconds and tokens of decoding.
+#[derive(Clone, Copy, Default)]
+struct Decoded {
+    seconds: f64,
+    tokens: usize,
+}
+
+/// One decoding of the held-out prompts: the prompts' prefill and first token alone (timed
+/// apart: every arm pays it once per batch, and llama.cpp's tokens/s leaves it out), the
+/// target alone, and each arm.
+#[derive(Default)]
+struct Repeat {
+    prefill_seconds: f64,
+    plain: Decoded,
+    arms: Vec<Decoded>,
+}
+
+impl Repeat {
+    /// The repeats' seconds and tokens added up.
+    fn total(repeats: &[Repeat]) -> Repeat {
+        let add = |a: Decoded, d: Decoded| Decoded {
+            seconds: a.seconds + d.seconds,
+            tokens: a.tokens + d.tokens,
+        };
+        repeats.iter().fold(Repeat::default(), |mut all, r| {
+            all.prefill_seconds += r.prefill_seconds;
+            all.plain = add(all.plain, r.plain);
+            all.arms.resize(r.arms.len(), Decoded::default());
+            for (a, d) in all.arms.iter_mut().zip(&r.arms) {
+                *a = add(*a, *d);
+            }
+            all
+        })
+    }
+
+    /// Tokens/s of `d` after this repeat's prefill and first tokens (`rows` prompts).
+    fn decode_rate(&self, d: Decoded, rows: usize) -> f64 {
+        d.tokens.saturating_sub(rows) as f64 / (d.seconds - self.prefill_seconds).max(1e-9)
+    }
 }
 
 /// The target's completions of the training prompts (kept in `OUT/completions.json`), then a
