@@ -144,6 +144,96 @@ fn attention_over_several_key_blocks_matches_burn() {
     check_attention((b, h, kv, s, d), mask, (1e-5, 1e-5));
 }
 
+/// A short pass (16 queries or fewer: decoding, a speculative verification), which takes
+/// each query alone: against Burn, with a head width past a multiple of the kernel's 16 lanes,
+/// left padding, a masked key inside a row's span (whose visible keys are gathered) and
+/// queries that see nothing.
+#[test]
+fn short_pass_attention_matches_burn() {
+    let (b, h, kv, s, d) = (3, 4, 2, 6, 40);
+    // Row 0: causal after two padding slots; row 1: causal with key 1 masked for queries 2..;
+    // row 2: three padding slots (queries 0–2 see nothing).
+    let mut mask = vec![false; b * s * s];
+    for r in 0..b {
+        for i in 0..s {
+            for j in 0..s {
+                let pad = (r == 0 && j < 2) || (r == 2 && j < 3);
+                let hole = r == 1 && j == 1 && i > 1;
+                mask[(r * s + i) * s + j] = j > i || pad || hole;
+            }
+        }
+    }
+    let out = check_attention((b, h, kv, s, d), mask, (1e-5, 1e-5));
+    for head in 0..h {
+        for i in 0..3 {
+            let at = ((2 * h + head) * s + i) * d;
+            assert!(
+                out[at..at + d].iter().all(|x| *x == 0.0),
+                "head {head} query {i}"
+            );
+        }
+    }
+}
+
+/// Each query of a short pass has the same bits as the same query in a pass of its own (what
+/// makes a speculative verification agree with plain decoding exactly), holes included.
+#[test]
+fn short_pass_queries_equal_one_query_passes() {
+    let (b, h, kv, s, t, d) = (2, 6, 2, 5, 23, 64);
+    let device = cpu();
+    let tensor = |shape: [usize; 4], seed| {
+        Tensor::<4>::from_data(
+            TensorData::new(values(shape.iter().product(), seed), shape),
+            &device,
+        )
+    };
+    let (q, k, v) = (
+        tensor([b, h, s, d], 5),
+        tensor([b, kv, t, d], 6),
+        tensor([b, kv, t, d], 7),
+    );
+    // Causal over the last s keys of t; row 1 has three padding slots and, for its last two
+    // queries, a masked key inside the span (a draft slot another row kept).
+    let mut mask = vec![false; b * s * t];
+    for r in 0..b {
+        for i in 0..s {
+            for j in 0..t {
+                let future = j > t - s + i;
+                let pad = r == 1 && j < 3;
+                let hole = r == 1 && j == t - s + 1 && i >= 3;
+                mask[(r * s + i) * t + j] = future || pad || hole;
+            }
+        }
+    }
+    let mask_of = |rows: &[bool], s: usize| {
+        Tensor::<4, Bool>::from_data(TensorData::new(rows.to_vec(), [b, 1, s, t]), &device)
+    };
+    let whole =
+        flat(fused_attention(q.clone(), k.clone(), v.clone(), &mask_of(&mask, s), 0.125).unwrap());
+    for i in 0..s {
+        let rows: Vec<bool> = (0..b)
+            .flat_map(|r| mask[(r * s + i) * t..][..t].to_vec())
+            .collect();
+        let qi = q.clone().slice([0..b, 0..h, i..i + 1, 0..d]);
+        let alone =
+            flat(fused_attention(qi, k.clone(), v.clone(), &mask_of(&rows, 1), 0.125).unwrap());
+        for r in 0..b {
+            for head in 0..h {
+                let at = ((r * h + head) * s + i) * d;
+                let one = ((r * h + head) * d)..((r * h + head) * d + d);
+                assert_eq!(
+                    whole[at..at + d]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>(),
+                    alone[one].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "row {r} head {head} query {i}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn swiglu_matches_silu_times_up() {
     // Large enough for several parallel chunks and a ragged tail.

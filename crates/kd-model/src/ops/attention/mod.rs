@@ -238,6 +238,302 @@ dispatch! {
     }
 }
 
+/// Lanes of a short pass's dot products (one AVX-512 register of f32).
+const DOT_LANES: usize = 16;
+
+/// One query `q [d]` against keys and values (`[n, d]` rows, every one visible) into
+/// `out [d]`; returns the log-sum-exp (−∞ when `n` is 0, `out` then 0). A short pass's row
+/// (see [`ROW_BY_ROW`]): the scores as [`scores_into`] computes them, the softmax over the row
+/// at once, then `out = (Σ_j p_j v_j) / Σ_j p_j` as [`weighted_into`] does. The same
+/// operations in any pass, so a query's output has the same bits in every short pass, and on
+/// every SIMD level. `scores` is scratch space.
+fn attend_row(
+    simd: kd_kernels::cpu::SimdLevel,
+    q: &[f32],
+    (keys, values): (&[f32], &[f32]),
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) -> f32 {
+    let d = q.len();
+    let n = keys.len().checked_div(d).unwrap_or(0);
+    if n == 0 {
+        out.fill(0.0);
+        return f32::NEG_INFINITY;
+    }
+    scores.resize(n, 0.0);
+    scores_into(simd, q, keys, scale, scores);
+    let (m, l) = softmax_row(simd, scores);
+    weighted_into(simd, scores, values, 1.0 / l, out);
+    m + ln(l)
+}
+
+dispatch! {
+    /// Scores into probabilities in place, `exp(x − max)`; returns the maximum and the sum.
+    fn softmax_row(row: &mut [f32]) -> (f32, f32) {
+        let m = math::max(row);
+        for x in row.iter_mut() {
+            *x = exp(*x - m);
+        }
+        (m, math::sum_map(row, |x| x))
+    }
+}
+
+/// `scores[j] = scale · (q · k_j)` for the key rows of `keys` (`[scores.len(), q.len()]`).
+/// Each dot product: [`DOT_LANES`] partial sums (lane = index mod 16; a ragged tail as one
+/// more chunk padded with zeros), each `acc += x · y` (a product, then a sum: no fused
+/// multiply-add), then added up in a fixed tree (`a_l + a_{l+8}`, then `+ a_{l+4}`'s pair, then
+/// `(b_0 + b_2) + (b_1 + b_3)`) — the same operations at every SIMD level, so the same bits.
+fn scores_into(
+    simd: kd_kernels::cpu::SimdLevel,
+    q: &[f32],
+    keys: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let d = q.len();
+    assert!(
+        keys.len() >= scores.len() * d,
+        "scores_into: keys shorter than the scores"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        use kd_kernels::cpu::{SimdLevel, detected};
+        match simd.min(detected()) {
+            // SAFETY: the CPU has AVX-512 F/DQ (detected); lengths asserted above.
+            SimdLevel::Avx512 => return unsafe { scores_avx512(q, keys, scale, scores) },
+            // SAFETY: the CPU has AVX2 (detected); lengths asserted above.
+            SimdLevel::Avx2 => return unsafe { scores_avx2(q, keys, scale, scores) },
+            SimdLevel::Scalar => {}
+        }
+    }
+    let _ = simd;
+    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(d.max(1))) {
+        let mut acc = [0f32; DOT_LANES];
+        for (c, x) in q.chunks(DOT_LANES).enumerate() {
+            for (l, x) in x.iter().enumerate() {
+                acc[l] += x * k[c * DOT_LANES + l];
+            }
+            // A ragged chunk's missing lanes add 0 · 0 in the SIMD kernels.
+            for a in acc.iter_mut().skip(x.len()) {
+                *a += 0.0;
+            }
+        }
+        let a8: [f32; 8] = std::array::from_fn(|l| acc[l] + acc[l + 8]);
+        let a4: [f32; 4] = std::array::from_fn(|l| a8[l] + a8[l + 4]);
+        *s = scale * ((a4[0] + a4[2]) + (a4[1] + a4[3]));
+    }
+}
+
+/// A ragged last chunk of `x` (`len < DOT_LANES`) padded with zeros.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn padded(x: &[f32]) -> [f32; DOT_LANES] {
+    let mut p = [0f32; DOT_LANES];
+    p[..x.len()].copy_from_slice(x);
+    p
+}
+
+/// [`scores_into`] on AVX-512.
+///
+/// # Safety
+/// The CPU has AVX-512 F and DQ; `keys` holds `scores.len()` rows of `q.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn scores_avx512(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let d = q.len();
+    let (full, rem) = (d / DOT_LANES, d % DOT_LANES);
+    let qt = padded(&q[full * DOT_LANES..]);
+    for (j, s) in scores.iter_mut().enumerate() {
+        let k = &keys[j * d..][..d];
+        // SAFETY: chunks c < full lie within q and k (d values each); the tail is padded.
+        unsafe {
+            let mut acc = _mm512_setzero_ps();
+            for c in 0..full {
+                let x = _mm512_loadu_ps(q.as_ptr().add(c * DOT_LANES));
+                let y = _mm512_loadu_ps(k.as_ptr().add(c * DOT_LANES));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
+            }
+            if rem > 0 {
+                let kt = padded(&k[full * DOT_LANES..]);
+                let (x, y) = (_mm512_loadu_ps(qt.as_ptr()), _mm512_loadu_ps(kt.as_ptr()));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(x, y));
+            }
+            let a8 = _mm256_add_ps(
+                _mm512_castps512_ps256(acc),
+                _mm512_extractf32x8_ps::<1>(acc),
+            );
+            *s = scale * reduce8(a8);
+        }
+    }
+}
+
+/// [`scores_into`] on AVX2: each chunk of sixteen lanes in two registers.
+///
+/// # Safety
+/// The CPU has AVX2; `keys` holds `scores.len()` rows of `q.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scores_avx2(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let d = q.len();
+    let (full, rem) = (d / DOT_LANES, d % DOT_LANES);
+    let qt = padded(&q[full * DOT_LANES..]);
+    for (j, s) in scores.iter_mut().enumerate() {
+        let k = &keys[j * d..][..d];
+        // SAFETY: as for AVX-512, eight lanes at a time.
+        unsafe {
+            let kt = padded(&k[full * DOT_LANES..]);
+            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for c in 0..full + usize::from(rem > 0) {
+                let (x, y) = if c < full {
+                    (q.as_ptr().add(c * DOT_LANES), k.as_ptr().add(c * DOT_LANES))
+                } else {
+                    (qt.as_ptr(), kt.as_ptr())
+                };
+                lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(y)));
+                hi = _mm256_add_ps(
+                    hi,
+                    _mm256_mul_ps(_mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(y.add(8))),
+                );
+            }
+            *s = scale * reduce8(_mm256_add_ps(lo, hi));
+        }
+    }
+}
+
+/// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))` of eight lanes, as the scalar tree.
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn reduce8(a8: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps::<1>(a8));
+    // [a4_0 + a4_2, a4_1 + a4_3], then their sum.
+    let t = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+    _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
+}
+
+/// `out[i] = inv · Σ_j p_j · v_j[i]` (`values [p.len(), out.len()]`), each output a sum over
+/// `j` in order of products (no fused multiply-add): the same bits at every SIMD level, which
+/// take several outputs at a time in registers.
+fn weighted_into(
+    simd: kd_kernels::cpu::SimdLevel,
+    p: &[f32],
+    values: &[f32],
+    inv: f32,
+    out: &mut [f32],
+) {
+    let d = out.len();
+    assert!(
+        values.len() >= p.len() * d,
+        "weighted_into: values shorter than the weights"
+    );
+    let mut c0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use kd_kernels::cpu::{SimdLevel, detected};
+        match simd.min(detected()) {
+            // SAFETY: the CPU has AVX-512 F (detected); lengths asserted above.
+            SimdLevel::Avx512 => c0 = unsafe { weighted_avx512(p, values, inv, out) },
+            // SAFETY: the CPU has AVX (detected with AVX2); lengths asserted above.
+            SimdLevel::Avx2 => c0 = unsafe { weighted_avx2(p, values, inv, out) },
+            SimdLevel::Scalar => {}
+        }
+    }
+    let _ = simd;
+    for i in c0..d {
+        let mut a = 0f32;
+        for (j, pj) in p.iter().enumerate() {
+            a += pj * values[j * d + i];
+        }
+        out[i] = a * inv;
+    }
+}
+
+/// `weighted_into`'s outputs in registers: `$group` outputs `c0..c0 + G · W` (`G` registers
+/// of `W` lanes: independent chains of additions) for `G` = 4 while they fit, then 1; returns
+/// the first output left to the caller's scalar loop.
+#[cfg(target_arch = "x86_64")]
+macro_rules! weighted_simd {
+    ($name:ident, $features:literal, $w:expr, $reg:ty, $zero:ident, $set1:ident, $load:ident, $store:ident, $add:ident, $mul:ident) => {
+        /// # Safety
+        /// The CPU has the features named; `values` holds `p.len()` rows of `out.len()`.
+        #[target_feature(enable = $features)]
+        unsafe fn $name(p: &[f32], values: &[f32], inv: f32, out: &mut [f32]) -> usize {
+            use std::arch::x86_64::*;
+            #[inline(always)]
+            unsafe fn group<const G: usize>(
+                p: &[f32],
+                values: &[f32],
+                inv: f32,
+                out: &mut [f32],
+                c0: usize,
+            ) {
+                let d = out.len();
+                // SAFETY: outputs c0..c0 + G·W lie within a row of d values (the caller's
+                // loop), and rows j < p.len() within `values`.
+                unsafe {
+                    let mut acc: [$reg; G] = [$zero(); G];
+                    for (j, pj) in p.iter().enumerate() {
+                        let (pv, row) = ($set1(*pj), values.as_ptr().add(j * d + c0));
+                        for (g, a) in acc.iter_mut().enumerate() {
+                            *a = $add(*a, $mul(pv, $load(row.add(g * $w))));
+                        }
+                    }
+                    for (g, a) in acc.into_iter().enumerate() {
+                        $store(out.as_mut_ptr().add(c0 + g * $w), $mul(a, $set1(inv)));
+                    }
+                }
+            }
+            let d = out.len();
+            let mut c0 = 0;
+            // SAFETY: each group's outputs end within d.
+            unsafe {
+                while c0 + 4 * $w <= d {
+                    group::<4>(p, values, inv, out, c0);
+                    c0 += 4 * $w;
+                }
+                while c0 + $w <= d {
+                    group::<1>(p, values, inv, out, c0);
+                    c0 += $w;
+                }
+            }
+            c0
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+weighted_simd!(
+    weighted_avx512,
+    "avx512f",
+    16,
+    __m512,
+    _mm512_setzero_ps,
+    _mm512_set1_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_add_ps,
+    _mm512_mul_ps
+);
+#[cfg(target_arch = "x86_64")]
+weighted_simd!(
+    weighted_avx2,
+    "avx",
+    8,
+    __m256,
+    _mm256_setzero_ps,
+    _mm256_set1_ps,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_add_ps,
+    _mm256_mul_ps
+);
+
 dispatch! {
     /// Recomputed probabilities of one block of scores: `exp(score − lse)`, 0 where masked.
     fn probabilities_row(row: &mut [f32], mask: &[bool], lse: f32) {
@@ -303,64 +599,6 @@ pub(crate) fn forward(
             let kh = &k[g * hs..][..t * d];
             let vh = &v[g * hs..][..t * d];
             let mh = &mask[bi * s * t..][..s * t];
-            // One block of scores: a short pass takes its queries one at a time.
-            let rows = if s <= ROW_BY_ROW { 1 } else { QUERY_BLOCK };
-            let mut scores = vec![0f32; rows * KEY_BLOCK.min(t)];
-            let mut state = [(f32::NEG_INFINITY, 0f32, 1f32); QUERY_BLOCK];
-            // Queries i0..i0 + rb against keys k0..k1 of `kh`/`vh`, in blocks of KEY_BLOCK
-            // from k0; query i's mask is `mh[i * mt..]` (`mt` = 0: one row for all).
-            let mut attend =
-                |i0: usize,
-                 rb: usize,
-                 (k0, k1): (usize, usize),
-                 (kh, vh, mh, mt): (&[f32], &[f32], &[bool], usize)| {
-                    if k1 == 0 {
-                        return; // rows that see no key: output 0, lse −∞
-                    }
-                    state[..rb].fill((f32::NEG_INFINITY, 0.0, 1.0));
-                    for kb0 in (k0..k1).step_by(KEY_BLOCK) {
-                        let kl = KEY_BLOCK.min(k1 - kb0);
-                        let sc = &mut scores[..rb * kl];
-                        // scores = scale · Q Kᵀ
-                        matmul(
-                            MatMut::row_major(sc, rb, kl).expect(GEMM),
-                            MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM),
-                            MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM).t(),
-                            Write::Overwrite,
-                            scale,
-                            Threads::One,
-                        )
-                        .expect(GEMM);
-                        for (r, st) in state[..rb].iter_mut().enumerate() {
-                            let at = (i0 + r) * mt + kb0;
-                            online_softmax_row(simd, &mut sc[r * kl..][..kl], &mh[at..at + kl], st);
-                            if st.2 != 1.0 {
-                                for x in &mut o[(i0 + r) * d..][..d] {
-                                    *x *= st.2;
-                                }
-                            }
-                        }
-                        // O += P V
-                        matmul(
-                            MatMut::rows(&mut o[i0 * d..], rb, d, d).expect(GEMM),
-                            MatRef::row_major(sc, rb, kl).expect(GEMM),
-                            MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM),
-                            Write::Accumulate,
-                            1.0,
-                            Threads::One,
-                        )
-                        .expect(GEMM);
-                    }
-                    for (r, &(m, l, _)) in state[..rb].iter().enumerate() {
-                        if l > 0.0 {
-                            let inv = 1.0 / l;
-                            for x in &mut o[(i0 + r) * d..][..d] {
-                                *x *= inv;
-                            }
-                            lse[i0 + r] = m + ln(l);
-                        }
-                    }
-                };
             if s <= ROW_BY_ROW {
                 // A decoding pass of a few tokens (a speculative verification): each query
                 // alone over its own keys, as a one-token pass computes it, so that a row's
@@ -368,31 +606,79 @@ pub(crate) fn forward(
                 // Masked keys between a row's first and last visible ones (the slots of
                 // drafts another row of a batch kept) are left out: the row's visible keys
                 // and values, gathered, are what a one-row pass without them reads.
-                let (mut keys, mut values, mut open) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut keys, mut values, mut scores) = (Vec::new(), Vec::new(), Vec::new());
                 for i in 0..s {
                     let Some((first, end, holes)) = row_spans[bi * s + i] else {
                         continue; // sees no key: output 0, lse −∞
                     };
-                    if !holes {
-                        attend(i, 1, (first, end), (kh, vh, mh, t));
-                        continue;
-                    }
-                    let row = &mh[i * t..][..t];
-                    keys.clear();
-                    values.clear();
-                    for j in (first..end).filter(|&j| !row[j]) {
-                        keys.extend_from_slice(&kh[j * d..][..d]);
-                        values.extend_from_slice(&vh[j * d..][..d]);
-                    }
-                    let n = keys.len() / d;
-                    open.resize(n, false);
-                    attend(i, 1, (0, n), (&keys, &values, &open, 0));
+                    let (ks, vs) = if holes {
+                        let row = &mh[i * t..][..t];
+                        keys.clear();
+                        values.clear();
+                        for j in (first..end).filter(|&j| !row[j]) {
+                            keys.extend_from_slice(&kh[j * d..][..d]);
+                            values.extend_from_slice(&vh[j * d..][..d]);
+                        }
+                        (&keys[..], &values[..])
+                    } else {
+                        (&kh[first * d..end * d], &vh[first * d..end * d])
+                    };
+                    let (qi, oi) = (&qh[i * d..][..d], &mut o[i * d..][..d]);
+                    lse[i] = attend_row(simd, qi, (ks, vs), scale, &mut scores, oi);
                 }
                 return;
             }
-            for (blk, &span) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
-                let i0 = blk * QUERY_BLOCK;
-                attend(i0, QUERY_BLOCK.min(s - i0), span, (kh, vh, mh, t));
+            let mut scores = vec![0f32; QUERY_BLOCK * KEY_BLOCK.min(t)];
+            let mut state = [(f32::NEG_INFINITY, 0f32, 1f32); QUERY_BLOCK];
+            for (blk, &(k0, k1)) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
+                // Queries i0..i0 + rb against keys k0..k1, in blocks of KEY_BLOCK from k0.
+                let (i0, rb) = (blk * QUERY_BLOCK, QUERY_BLOCK.min(s - blk * QUERY_BLOCK));
+                if k1 == 0 {
+                    continue; // rows that see no key: output 0, lse −∞
+                }
+                state[..rb].fill((f32::NEG_INFINITY, 0.0, 1.0));
+                for kb0 in (k0..k1).step_by(KEY_BLOCK) {
+                    let kl = KEY_BLOCK.min(k1 - kb0);
+                    let sc = &mut scores[..rb * kl];
+                    // scores = scale · Q Kᵀ
+                    matmul(
+                        MatMut::row_major(sc, rb, kl).expect(GEMM),
+                        MatRef::rows(&qh[i0 * d..], rb, d, d).expect(GEMM),
+                        MatRef::rows(&kh[kb0 * d..], kl, d, d).expect(GEMM).t(),
+                        Write::Overwrite,
+                        scale,
+                        Threads::One,
+                    )
+                    .expect(GEMM);
+                    for (r, st) in state[..rb].iter_mut().enumerate() {
+                        let at = (i0 + r) * t + kb0;
+                        online_softmax_row(simd, &mut sc[r * kl..][..kl], &mh[at..at + kl], st);
+                        if st.2 != 1.0 {
+                            for x in &mut o[(i0 + r) * d..][..d] {
+                                *x *= st.2;
+                            }
+                        }
+                    }
+                    // O += P V
+                    matmul(
+                        MatMut::rows(&mut o[i0 * d..], rb, d, d).expect(GEMM),
+                        MatRef::row_major(sc, rb, kl).expect(GEMM),
+                        MatRef::rows(&vh[kb0 * d..], kl, d, d).expect(GEMM),
+                        Write::Accumulate,
+                        1.0,
+                        Threads::One,
+                    )
+                    .expect(GEMM);
+                }
+                for (r, &(m, l, _)) in state[..rb].iter().enumerate() {
+                    if l > 0.0 {
+                        let inv = 1.0 / l;
+                        for x in &mut o[(i0 + r) * d..][..d] {
+                            *x *= inv;
+                        }
+                        lse[i0 + r] = m + ln(l);
+                    }
+                }
             }
         });
     (out, lse)
