@@ -241,31 +241,78 @@ dispatch! {
 /// Lanes of a short pass's dot products (one AVX-512 register of f32).
 const DOT_LANES: usize = 16;
 
-/// One query `q [d]` against keys and values (`[n, d]` rows, every one visible) into
-/// `out [d]`; returns the log-sum-exp (−∞ when `n` is 0, `out` then 0). A short pass's row
-/// (see [`ROW_BY_ROW`]): the scores as [`scores_into`] computes them, the softmax over the row
-/// at once, then `out = (Σ_j p_j v_j) / Σ_j p_j` as [`weighted_into`] does. The same
-/// operations in any pass, so a query's output has the same bits in every short pass, and on
-/// every SIMD level. `scores` is scratch space.
-fn attend_row(
+/// Keys per tile of a short pass: every query of a K/V head meets a tile's keys (and then its
+/// values) while they sit in the L1 cache, so that each key is read from memory once per pass
+/// rather than once per query.
+const KEY_TILE: usize = 64;
+
+/// A query of a short pass and where its result goes.
+struct QueryRow<'a> {
+    /// The query, `[d]`.
+    q: &'a [f32],
+    /// The keys it sees: `first..end` of its keys and values (all visible).
+    first: usize,
+    end: usize,
+    /// Its output `[d]` and log-sum-exp.
+    out: &'a mut [f32],
+    lse: &'a mut f32,
+    /// Its scores, then probabilities (`end − first`).
+    scores: Vec<f32>,
+}
+
+/// Queries of one K/V head against their spans of `keys` and `values` (`[t, d]` rows):
+/// each query's scores as [`scores_into`] computes them, its softmax at once, then
+/// `out = (Σ_j p_j v_j) / Σ_j p_j` with each output a sum in key order ([`weighted_into`]),
+/// and the log-sum-exp. The queries share each tile of [`KEY_TILE`] keys, but every query's
+/// arithmetic is its own, the same whichever and however many queries come with it: a
+/// query's output has the same bits in every short pass, and on every SIMD level. A short
+/// pass's rows (see [`ROW_BY_ROW`]).
+fn attend_rows(
     simd: kd_kernels::cpu::SimdLevel,
-    q: &[f32],
+    rows: &mut [QueryRow<'_>],
     (keys, values): (&[f32], &[f32]),
+    d: usize,
     scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) -> f32 {
-    let d = q.len();
-    let n = keys.len().checked_div(d).unwrap_or(0);
-    if n == 0 {
-        out.fill(0.0);
-        return f32::NEG_INFINITY;
+) {
+    let (lo, hi) = rows.iter().fold((usize::MAX, 0), |(lo, hi), r| {
+        (lo.min(r.first), hi.max(r.end))
+    });
+    for r in rows.iter_mut() {
+        r.scores.clear();
+        r.scores.resize(r.end - r.first, 0.0);
+        r.out.fill(0.0);
     }
-    scores.resize(n, 0.0);
-    scores_into(simd, q, keys, scale, scores);
-    let (m, l) = softmax_row(simd, scores);
-    weighted_into(simd, scores, values, 1.0 / l, out);
-    m + ln(l)
+    // `f(row, keys a..b)` for each row and the part of each tile it sees.
+    let tiles = |rows: &mut [QueryRow<'_>], f: &mut dyn FnMut(&mut QueryRow<'_>, usize, usize)| {
+        for j0 in (lo..hi).step_by(KEY_TILE) {
+            let j1 = (j0 + KEY_TILE).min(hi);
+            for r in rows.iter_mut() {
+                let (a, b) = (j0.max(r.first), j1.min(r.end));
+                if a < b {
+                    f(r, a, b);
+                }
+            }
+        }
+    };
+    tiles(rows, &mut |r, a, b| {
+        let at = a - r.first..b - r.first;
+        scores_into(simd, r.q, &keys[a * d..b * d], scale, &mut r.scores[at]);
+    });
+    let norms: Vec<(f32, f32)> = rows
+        .iter_mut()
+        .map(|r| softmax_row(simd, &mut r.scores))
+        .collect();
+    tiles(rows, &mut |r, a, b| {
+        let at = a - r.first..b - r.first;
+        weighted_into(simd, &r.scores[at], &values[a * d..b * d], r.out);
+    });
+    for (r, (m, l)) in rows.iter_mut().zip(norms) {
+        let inv = 1.0 / l;
+        for o in r.out.iter_mut() {
+            *o *= inv;
+        }
+        *r.lse = m + ln(l);
+    }
 }
 
 dispatch! {
@@ -417,16 +464,11 @@ unsafe fn reduce8(a8: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
 }
 
-/// `out[i] = inv · Σ_j p_j · v_j[i]` (`values [p.len(), out.len()]`), each output a sum over
-/// `j` in order of products (no fused multiply-add): the same bits at every SIMD level, which
-/// take several outputs at a time in registers.
-fn weighted_into(
-    simd: kd_kernels::cpu::SimdLevel,
-    p: &[f32],
-    values: &[f32],
-    inv: f32,
-    out: &mut [f32],
-) {
+/// `out[i] += Σ_j p_j · v_j[i]` (`values [p.len(), out.len()]`), each output a running sum
+/// over `j` in order of products (no fused multiply-add): the same bits at every SIMD level,
+/// which take several outputs at a time in registers, and the same bits whether the keys come
+/// in one call or in consecutive tiles.
+fn weighted_into(simd: kd_kernels::cpu::SimdLevel, p: &[f32], values: &[f32], out: &mut [f32]) {
     let d = out.len();
     assert!(
         values.len() >= p.len() * d,
@@ -438,19 +480,19 @@ fn weighted_into(
         use kd_kernels::cpu::{SimdLevel, detected};
         match simd.min(detected()) {
             // SAFETY: the CPU has AVX-512 F (detected); lengths asserted above.
-            SimdLevel::Avx512 => c0 = unsafe { weighted_avx512(p, values, inv, out) },
+            SimdLevel::Avx512 => c0 = unsafe { weighted_avx512(p, values, out) },
             // SAFETY: the CPU has AVX (detected with AVX2); lengths asserted above.
-            SimdLevel::Avx2 => c0 = unsafe { weighted_avx2(p, values, inv, out) },
+            SimdLevel::Avx2 => c0 = unsafe { weighted_avx2(p, values, out) },
             SimdLevel::Scalar => {}
         }
     }
     let _ = simd;
     for i in c0..d {
-        let mut a = 0f32;
+        let mut a = out[i];
         for (j, pj) in p.iter().enumerate() {
             a += pj * values[j * d + i];
         }
-        out[i] = a * inv;
+        out[i] = a;
     }
 }
 
@@ -459,25 +501,20 @@ fn weighted_into(
 /// the first output left to the caller's scalar loop.
 #[cfg(target_arch = "x86_64")]
 macro_rules! weighted_simd {
-    ($name:ident, $features:literal, $w:expr, $reg:ty, $zero:ident, $set1:ident, $load:ident, $store:ident, $add:ident, $mul:ident) => {
+    ($name:ident, $features:literal, $w:expr, $reg:ty, $set1:ident, $load:ident, $store:ident, $add:ident, $mul:ident) => {
         /// # Safety
         /// The CPU has the features named; `values` holds `p.len()` rows of `out.len()`.
         #[target_feature(enable = $features)]
-        unsafe fn $name(p: &[f32], values: &[f32], inv: f32, out: &mut [f32]) -> usize {
+        unsafe fn $name(p: &[f32], values: &[f32], out: &mut [f32]) -> usize {
             use std::arch::x86_64::*;
             #[inline(always)]
-            unsafe fn group<const G: usize>(
-                p: &[f32],
-                values: &[f32],
-                inv: f32,
-                out: &mut [f32],
-                c0: usize,
-            ) {
+            unsafe fn group<const G: usize>(p: &[f32], values: &[f32], out: &mut [f32], c0: usize) {
                 let d = out.len();
                 // SAFETY: outputs c0..c0 + G·W lie within a row of d values (the caller's
                 // loop), and rows j < p.len() within `values`.
                 unsafe {
-                    let mut acc: [$reg; G] = [$zero(); G];
+                    let at = out.as_mut_ptr().add(c0);
+                    let mut acc: [$reg; G] = std::array::from_fn(|g| $load(at.add(g * $w)));
                     for (j, pj) in p.iter().enumerate() {
                         let (pv, row) = ($set1(*pj), values.as_ptr().add(j * d + c0));
                         for (g, a) in acc.iter_mut().enumerate() {
@@ -485,7 +522,7 @@ macro_rules! weighted_simd {
                         }
                     }
                     for (g, a) in acc.into_iter().enumerate() {
-                        $store(out.as_mut_ptr().add(c0 + g * $w), $mul(a, $set1(inv)));
+                        $store(at.add(g * $w), a);
                     }
                 }
             }
@@ -494,11 +531,11 @@ macro_rules! weighted_simd {
             // SAFETY: each group's outputs end within d.
             unsafe {
                 while c0 + 4 * $w <= d {
-                    group::<4>(p, values, inv, out, c0);
+                    group::<4>(p, values, out, c0);
                     c0 += 4 * $w;
                 }
                 while c0 + $w <= d {
-                    group::<1>(p, values, inv, out, c0);
+                    group::<1>(p, values, out, c0);
                     c0 += $w;
                 }
             }
@@ -513,7 +550,6 @@ weighted_simd!(
     "avx512f",
     16,
     __m512,
-    _mm512_setzero_ps,
     _mm512_set1_ps,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
@@ -526,7 +562,6 @@ weighted_simd!(
     "avx",
     8,
     __m256,
-    _mm256_setzero_ps,
     _mm256_set1_ps,
     _mm256_loadu_ps,
     _mm256_storeu_ps,
@@ -589,6 +624,63 @@ pub(crate) fn forward(
     } else {
         Vec::new()
     };
+    if s <= ROW_BY_ROW {
+        // A decoding pass of a few tokens (a speculative verification): each query alone over
+        // its own keys, as a one-token pass computes it, so that a row's output does not
+        // depend on the other rows of the pass; the queries of a K/V head (its heads' queries
+        // at every position) read its keys together ([`attend_rows`]). Masked keys between a
+        // query's first and last visible ones (the slots of drafts another row of a batch
+        // kept) are left out: its visible keys and values, gathered, are what a one-row pass
+        // without them reads.
+        out.par_chunks_mut(groups * s * d)
+            .zip(lse.par_chunks_mut(groups * s))
+            .enumerate()
+            .for_each(|(bg, (o, lse))| {
+                let bi = bg / kv;
+                let (kh, vh) = (&k[bg * hs..][..t * d], &v[bg * hs..][..t * d]);
+                let (mut rows, mut gathered) = (Vec::new(), Vec::new());
+                // Query `gi` of the K/V head: head `gi / s` of its group at position `gi % s`.
+                for (gi, (out, lse)) in o.chunks_mut(d).zip(lse.iter_mut()).enumerate() {
+                    let i = gi % s;
+                    let Some((first, end, holes)) = row_spans[bi * s + i] else {
+                        continue; // sees no key: output 0, lse −∞
+                    };
+                    let query = QueryRow {
+                        q: &q[(bg * groups * s + gi) * d..][..d],
+                        first,
+                        end,
+                        out,
+                        lse,
+                        scores: Vec::new(),
+                    };
+                    if holes {
+                        gathered.push((i, query));
+                    } else {
+                        rows.push(query);
+                    }
+                }
+                attend_rows(simd, &mut rows, (kh, vh), d, scale);
+                let (mut keys, mut values) = (Vec::new(), Vec::new());
+                for (i, mut query) in gathered {
+                    let row = &mask[(bi * s + i) * t..][..t];
+                    keys.clear();
+                    values.clear();
+                    for j in (query.first..query.end).filter(|&j| !row[j]) {
+                        keys.extend_from_slice(&kh[j * d..][..d]);
+                        values.extend_from_slice(&vh[j * d..][..d]);
+                    }
+                    (query.first, query.end) = (0, keys.len() / d);
+                    attend_rows(
+                        simd,
+                        std::slice::from_mut(&mut query),
+                        (&keys, &values),
+                        d,
+                        scale,
+                    );
+                }
+            });
+        return (out, lse);
+    }
     out.par_chunks_mut(s * d)
         .zip(lse.par_chunks_mut(s))
         .enumerate()
@@ -599,35 +691,6 @@ pub(crate) fn forward(
             let kh = &k[g * hs..][..t * d];
             let vh = &v[g * hs..][..t * d];
             let mh = &mask[bi * s * t..][..s * t];
-            if s <= ROW_BY_ROW {
-                // A decoding pass of a few tokens (a speculative verification): each query
-                // alone over its own keys, as a one-token pass computes it, so that a row's
-                // output does not depend on the other rows of the pass.
-                // Masked keys between a row's first and last visible ones (the slots of
-                // drafts another row of a batch kept) are left out: the row's visible keys
-                // and values, gathered, are what a one-row pass without them reads.
-                let (mut keys, mut values, mut scores) = (Vec::new(), Vec::new(), Vec::new());
-                for i in 0..s {
-                    let Some((first, end, holes)) = row_spans[bi * s + i] else {
-                        continue; // sees no key: output 0, lse −∞
-                    };
-                    let (ks, vs) = if holes {
-                        let row = &mh[i * t..][..t];
-                        keys.clear();
-                        values.clear();
-                        for j in (first..end).filter(|&j| !row[j]) {
-                            keys.extend_from_slice(&kh[j * d..][..d]);
-                            values.extend_from_slice(&vh[j * d..][..d]);
-                        }
-                        (&keys[..], &values[..])
-                    } else {
-                        (&kh[first * d..end * d], &vh[first * d..end * d])
-                    };
-                    let (qi, oi) = (&qh[i * d..][..d], &mut o[i * d..][..d]);
-                    lse[i] = attend_row(simd, qi, (ks, vs), scale, &mut scores, oi);
-                }
-                return;
-            }
             let mut scores = vec![0f32; QUERY_BLOCK * KEY_BLOCK.min(t)];
             let mut state = [(f32::NEG_INFINITY, 0f32, 1f32); QUERY_BLOCK];
             for (blk, &(k0, k1)) in spans[bi * blocks..(bi + 1) * blocks].iter().enumerate() {
