@@ -319,16 +319,16 @@ pub(crate) fn project_all(ms: &[&PackedMatrix], x: &[f32], n: usize) -> Vec<Vec<
         let m = ms[mi];
         match (&q8, &q8k, &m.amx) {
             (_, Some(xk), _) if m.int8 && is_kquant(m.ty) => {
-                m.int8_rows(range, acc, |row, acc, nb, j| {
-                    q8_kernel.dot_row_k(m.ty, row, xk, acc, nb, j)
+                m.int8_rows(range, acc, |rows, acc, nb| {
+                    q8_kernel.dot_rows_k(m.ty, rows, xk, acc, nb)
                 })
             }
             // Tasks start at multiples of 64 outputs, and tiled matrices have a multiple of 16
             // (`AmxMatrix::new`).
             (Some(xq), _, Some(tiles)) => tiles.rows(xq, range, acc),
             (Some(xq), _, _) if m.int8 && !is_kquant(m.ty) => {
-                m.int8_rows(range, acc, |row, acc, nb, j| {
-                    q8_kernel.dot_row(m.ty, row, xq, acc, nb, j)
+                m.int8_rows(range, acc, |rows, acc, nb| {
+                    q8_kernel.dot_rows(m.ty, rows, xq, acc, nb)
                 })
             }
             _ => m.f32_rows(kernel, x, n, range, acc),
@@ -491,8 +491,8 @@ impl PackedMatrix {
     fn matmul_t_q8_with(&self, x: &Q8Rows, kernel: q8::Kernel) -> Vec<f32> {
         assert_eq!(x.cols, self.cols, "x must be [n, cols]");
         let mut out = par_rows_of(&[self.rows], x.n, |_, range, acc| {
-            self.int8_rows(range, acc, |row, acc, nb, j| {
-                kernel.dot_row(self.ty, row, x, acc, nb, j)
+            self.int8_rows(range, acc, |rows, acc, nb| {
+                kernel.dot_rows(self.ty, rows, x, acc, nb)
             })
         });
         out.pop().expect("one matrix")
@@ -503,8 +503,8 @@ impl PackedMatrix {
     fn matmul_t_q8k_with(&self, x: &Q8KRows, kernel: q8::Kernel) -> Vec<f32> {
         assert_eq!(x.cols, self.cols, "x must be [n, cols]");
         let mut out = par_rows_of(&[self.rows], x.n, |_, range, acc| {
-            self.int8_rows(range, acc, |row, acc, nb, j| {
-                kernel.dot_row_k(self.ty, row, x, acc, nb, j)
+            self.int8_rows(range, acc, |rows, acc, nb| {
+                kernel.dot_rows_k(self.ty, rows, x, acc, nb)
             })
         });
         out.pop().expect("one matrix")
@@ -544,30 +544,36 @@ impl PackedMatrix {
         for r0 in (0..n).step_by(INPUT_TILE) {
             let rows = INPUT_TILE.min(n - r0);
             let (x, acc) = (&x[r0 * self.cols..], &mut acc[r0 * nb..]);
-            for (j, row) in range.clone().enumerate() {
-                kernel.dot_row(self.ty, self.block_row(row), x, rows, self.cols, acc, nb, j);
-            }
+            kernel.dot_rows(
+                self.ty,
+                self.block_rows(range.clone()),
+                x,
+                rows,
+                self.cols,
+                acc,
+                nb,
+                0,
+            );
         }
     }
 
-    /// Outputs `range` of every 8-bit input row into `acc [n, range.len()]`: `dot(row, acc,
-    /// nb, j)` writes output `j` of matrix row `row`'s blocks (one of the [`q8`] kernels).
+    /// Outputs `range` of every 8-bit input row into `acc [n, range.len()]`: `dot(rows, acc,
+    /// nb)` writes outputs `0..range.len()` of the matrix rows whose blocks `rows` holds (one
+    /// of the [`q8`] kernels).
     fn int8_rows(
         &self,
         range: std::ops::Range<usize>,
         acc: &mut [f32],
-        dot: impl Fn(&[u8], &mut [f32], usize, usize),
+        dot: impl Fn(&[u8], &mut [f32], usize),
     ) {
         let nb = range.len();
-        for (j, row) in range.enumerate() {
-            dot(self.block_row(row), acc, nb, j);
-        }
+        dot(self.block_rows(range), acc, nb);
     }
 
-    /// Matrix row `row`: its blocks as stored.
-    fn block_row(&self, row: usize) -> &[u8] {
+    /// Matrix rows `rows`: their blocks as stored, one row after the other.
+    fn block_rows(&self, rows: std::ops::Range<usize>) -> &[u8] {
         let rb = self.row_bytes();
-        &self.bytes[row * rb..(row + 1) * rb]
+        &self.bytes[rows.start * rb..rows.end * rb]
     }
 }
 

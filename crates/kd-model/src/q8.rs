@@ -375,18 +375,22 @@ macro_rules! simd_dot_row {
             }
         }
 
+        /// Outputs `0..m` of every row of `x` against the `m` matrix rows of `rb` bytes
+        /// each in `rows`, into `acc [n, nb]`.
         #[target_feature(enable = $features)]
         pub(crate) fn $name(
             ty: GgmlType,
-            row: &[u8],
+            rows: &[u8],
+            rb: usize,
             x: &Q8Rows,
             acc: &mut [f32],
             nb: usize,
-            j: usize,
         ) {
-            by_row_groups(x.n, acc, nb, j, |g, r0, out| {
-                group::with_type!(ty, T => rows_in_registers!($group, g, T, (row, x, r0, out)))
-            });
+            for (j, row) in rows.chunks_exact(rb).enumerate() {
+                by_row_groups(x.n, acc, nb, j, |g, r0, out| {
+                    group::with_type!(ty, T => rows_in_registers!($group, g, T, (row, x, r0, out)))
+                });
+            }
         }
     };
 }
@@ -470,28 +474,35 @@ impl Kernel {
         out
     }
 
-    /// Output `j` of every row of `x` against `row`, into `acc [n, nb]`.
-    pub fn dot_row(
-        self,
-        ty: GgmlType,
-        row: &[u8],
-        x: &Q8Rows,
-        acc: &mut [f32],
-        nb: usize,
-        j: usize,
-    ) {
+    /// Outputs `0..m` of every row of `x` against the `m` matrix rows whose blocks `rows`
+    /// holds one after the other, into `acc [n, nb]`; each output as a call for its row alone
+    /// computes it, the kernel chosen once per call.
+    ///
+    /// # Panics
+    /// If `rows` is not whole matrix rows of `x.cols` values of `ty`.
+    pub fn dot_rows(self, ty: GgmlType, rows: &[u8], x: &Q8Rows, acc: &mut [f32], nb: usize) {
+        let layout = Layout::of(ty);
+        let rb = ((x.cols / 32) >> layout.shift) * layout.size;
+        assert!(
+            rb > 0 && rows.len().is_multiple_of(rb),
+            "dot_rows: not whole matrix rows"
+        );
         match self {
-            Kernel::Scalar => dot_row(ty, row, x, acc, nb, j),
+            Kernel::Scalar => {
+                for (j, row) in rows.chunks_exact(rb).enumerate() {
+                    dot_row(ty, row, x, acc, nb, j);
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => {
                 // SAFETY: `detect`/`available` chose it only where the CPU has AVX2, FMA and
                 // F16C (`SimdLevel::Avx2`).
-                unsafe { dot_row_avx2(ty, row, x, acc, nb, j) }
+                unsafe { dot_row_avx2(ty, rows, rb, x, acc, nb) }
             }
             #[cfg(target_arch = "x86_64")]
             Kernel::Vnni => {
                 // SAFETY: `detect`/`available` chose it only where the CPU has AVX-512 VNNI.
-                unsafe { dot_row_vnni(ty, row, x, acc, nb, j) }
+                unsafe { dot_row_vnni(ty, rows, rb, x, acc, nb) }
             }
         }
     }

@@ -303,41 +303,50 @@ fn group_avx2<const G: usize, const T: u8>(
     }
 }
 
-/// Output `j` of every row of `x` against `row`, AVX2, in register groups of `GROUP` rows.
+/// Outputs `0..m` of every row of `x` against the `m` matrix rows of `rb` bytes each in
+/// `rows`, AVX2, in register groups of `GROUP` rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_row_avx2(ty: GgmlType, row: &[u8], x: &Q8KRows, acc: &mut [f32], nb: usize, j: usize) {
-    by_row_groups(
-        x.n,
-        acc,
-        nb,
-        j,
-        |g, r0, out| group::with_type!(ty, T => rows_in_registers!(group_avx2, g, T, (row, x, r0, out))),
-    );
+fn dot_rows_avx2(ty: GgmlType, rows: &[u8], rb: usize, x: &Q8KRows, acc: &mut [f32], nb: usize) {
+    for (j, row) in rows.chunks_exact(rb).enumerate() {
+        by_row_groups(
+            x.n,
+            acc,
+            nb,
+            j,
+            |g, r0, out| group::with_type!(ty, T => rows_in_registers!(group_avx2, g, T, (row, x, r0, out))),
+        );
+    }
 }
 
 impl Kernel {
-    /// Output `j` of every row of `x` against `row` (K-quant super-blocks), into
-    /// `acc [n, nb]`.
-    pub fn dot_row_k(
-        self,
-        ty: GgmlType,
-        row: &[u8],
-        x: &Q8KRows,
-        acc: &mut [f32],
-        nb: usize,
-        j: usize,
-    ) {
+    /// Outputs `0..m` of every row of `x` against the `m` matrix rows (K-quant super-blocks)
+    /// whose blocks `rows` holds one after the other, into `acc [n, nb]`; each output as a
+    /// call for its row alone computes it.
+    ///
+    /// # Panics
+    /// If `ty` is not a K-quant type or `rows` is not whole matrix rows of `x.cols` values.
+    pub fn dot_rows_k(self, ty: GgmlType, rows: &[u8], x: &Q8KRows, acc: &mut [f32], nb: usize) {
         assert!(is_kquant(ty), "not a K-quant type: {ty:?}");
+        let layout = Layout::of(ty);
+        let rb = ((x.cols / 32) >> layout.shift) * layout.size;
+        assert!(
+            rb > 0 && rows.len().is_multiple_of(rb),
+            "dot_rows_k: not whole matrix rows"
+        );
         match self {
-            Kernel::Scalar => dot_row(ty, row, x, acc, nb, j),
+            Kernel::Scalar => {
+                for (j, row) in rows.chunks_exact(rb).enumerate() {
+                    dot_row(ty, row, x, acc, nb, j);
+                }
+            }
             // VNNI's `dpbusd` sums four products without a scale; the AVX2 kernel's `madd`
             // against the scales does both in the same two instructions.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 | Kernel::Vnni => {
                 // SAFETY: `detect`/`available` chose either only where the CPU has AVX2, FMA
                 // and F16C (`SimdLevel::Avx2` or above).
-                unsafe { dot_row_avx2(ty, row, x, acc, nb, j) }
+                unsafe { dot_rows_avx2(ty, rows, rb, x, acc, nb) }
             }
         }
     }

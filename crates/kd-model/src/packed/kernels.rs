@@ -62,81 +62,149 @@ impl Kernel {
         out
     }
 
-    /// Output `j` of every row of `x [n, cols]` against one matrix row (its blocks as
-    /// stored), written to `acc[r * nb + j]`.
+    /// Outputs `j0..j0 + m` of every row of `x [n, cols]` against `m` matrix rows (their
+    /// blocks as stored, one after the other in `rows`), written to `acc[r * nb + j]`. The
+    /// rows are taken in one call so that the kernel is chosen once per call, not per output;
+    /// each output is computed alone, as by a call for its row only.
     ///
     /// # Panics
-    /// If the row's blocks or `x` are shorter than `cols` and `n` say, or `ty` is not a
-    /// packed type ([`group::packable`]).
+    /// If `rows` is not whole matrix rows of `cols` values, `x` or `acc` are shorter than
+    /// `n`, `nb` and `j0 + m` say, or `ty` is not a packed type ([`group::packable`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn dot_row(
+    pub fn dot_rows(
         self,
         ty: GgmlType,
-        row: &[u8],
+        rows: &[u8],
         x: &[f32],
         n: usize,
         cols: usize,
         acc: &mut [f32],
         nb: usize,
-        j: usize,
+        j0: usize,
     ) {
         let layout = Layout::of(ty);
         let per_block = 32 << layout.shift;
         assert!(
-            cols.is_multiple_of(per_block)
-                && row.len() == cols / per_block * layout.size
+            cols.is_multiple_of(per_block),
+            "dot_rows: shapes do not match"
+        );
+        let rb = cols / per_block * layout.size;
+        let m = rows.len().checked_div(rb).unwrap_or(0);
+        assert!(
+            rb > 0
+                && rows.len() == m * rb
                 && x.len() >= n * cols
-                && (n == 0 || acc.len() > (n - 1) * nb + j),
-            "dot_row: shapes do not match"
+                && (n == 0 || m == 0 || acc.len() >= (n - 1) * nb + j0 + m),
+            "dot_rows: shapes do not match"
         );
         match self {
-            Kernel::Scalar => dot_row_scalar(ty, row, x, n, cols, acc, nb, j),
+            Kernel::Scalar => {
+                for (i, row) in rows.chunks_exact(rb).enumerate() {
+                    dot_row_scalar(ty, row, x, n, cols, acc, nb, j0 + i);
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => {
                 assert!(std::arch::is_x86_feature_detected!("avx2"));
                 assert!(std::arch::is_x86_feature_detected!("fma"));
                 assert!(std::arch::is_x86_feature_detected!("f16c"));
-                let mut r0 = 0;
-                while r0 < n {
-                    let g = (n - r0).min(2);
-                    let out = Out { acc, nb, j, r0 };
-                    // SAFETY: the features are present (asserted), and the lengths were
-                    // checked above: rows r0..r0 + g of `x`, the row's whole blocks.
-                    unsafe {
-                        group::with_type!(ty, T => match g {
-                            1 => group_avx2::<1, T>(row, x, cols, out),
-                            _ => group_avx2::<2, T>(row, x, cols, out),
-                        })
-                    }
-                    r0 += g;
-                }
+                // SAFETY: the features are present (asserted), and the lengths were checked
+                // above: rows 0..n of `x`, whole blocks of each matrix row, outputs within
+                // `acc`.
+                unsafe { rows_avx2(ty, rows, rb, x, n, cols, acc, nb, j0) }
             }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => {
                 assert!(std::arch::is_x86_feature_detected!("avx512f"));
                 assert!(std::arch::is_x86_feature_detected!("f16c"));
-                let mut r0 = 0;
-                while r0 < n {
-                    let g = (n - r0).min(8);
-                    let out = Out { acc, nb, j, r0 };
-                    // SAFETY: as for AVX2 above.
-                    unsafe {
-                        group::with_type!(ty, T => match g {
-                            1 => group_avx512::<1, T>(row, x, cols, out),
-                            2 => group_avx512::<2, T>(row, x, cols, out),
-                            3 => group_avx512::<3, T>(row, x, cols, out),
-                            4 => group_avx512::<4, T>(row, x, cols, out),
-                            5 => group_avx512::<5, T>(row, x, cols, out),
-                            6 => group_avx512::<6, T>(row, x, cols, out),
-                            7 => group_avx512::<7, T>(row, x, cols, out),
-                            _ => group_avx512::<8, T>(row, x, cols, out),
-                        })
-                    }
-                    r0 += g;
-                }
+                // SAFETY: as for AVX2 above.
+                unsafe { rows_avx512(ty, rows, rb, x, n, cols, acc, nb, j0) }
             }
         }
     }
+}
+
+/// [`Kernel::dot_rows`] on AVX2: each matrix row against the input rows two at a time.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `rows` holds whole matrix rows of `rb` bytes (blocks
+/// of type `ty`, `cols` values); `x` holds `n` rows of `cols`; `acc` holds index
+/// `(n − 1) · nb + j0 + m − 1` for the `m` matrix rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_avx2(
+    ty: GgmlType,
+    rows: &[u8],
+    rb: usize,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    acc: &mut [f32],
+    nb: usize,
+    j0: usize,
+) {
+    group::with_type!(ty, T => {
+        for (i, row) in rows.chunks_exact(rb).enumerate() {
+            let mut r0 = 0;
+            while r0 < n {
+                let g = (n - r0).min(2);
+                let out = Out { acc: &mut *acc, nb, j: j0 + i, r0 };
+                // SAFETY: the caller's contract: rows r0..r0 + g of `x`, the row's whole
+                // blocks, output j0 + i of row r0 + g − 1 within `acc`.
+                unsafe {
+                    match g {
+                        1 => group_avx2::<1, T>(row, x, cols, out),
+                        _ => group_avx2::<2, T>(row, x, cols, out),
+                    }
+                }
+                r0 += g;
+            }
+        }
+    })
+}
+
+/// [`Kernel::dot_rows`] on AVX-512: each matrix row against up to eight input rows at a time.
+///
+/// # Safety
+/// As [`rows_avx2`], with AVX-512 F and F16C in place of AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_avx512(
+    ty: GgmlType,
+    rows: &[u8],
+    rb: usize,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    acc: &mut [f32],
+    nb: usize,
+    j0: usize,
+) {
+    group::with_type!(ty, T => {
+        for (i, row) in rows.chunks_exact(rb).enumerate() {
+            let mut r0 = 0;
+            while r0 < n {
+                let g = (n - r0).min(8);
+                let out = Out { acc: &mut *acc, nb, j: j0 + i, r0 };
+                // SAFETY: as in `rows_avx2`.
+                unsafe {
+                    match g {
+                        1 => group_avx512::<1, T>(row, x, cols, out),
+                        2 => group_avx512::<2, T>(row, x, cols, out),
+                        3 => group_avx512::<3, T>(row, x, cols, out),
+                        4 => group_avx512::<4, T>(row, x, cols, out),
+                        5 => group_avx512::<5, T>(row, x, cols, out),
+                        6 => group_avx512::<6, T>(row, x, cols, out),
+                        7 => group_avx512::<7, T>(row, x, cols, out),
+                        _ => group_avx512::<8, T>(row, x, cols, out),
+                    }
+                }
+                r0 += g;
+            }
+        }
+    })
 }
 
 /// The eight lanes' sum in the order every kernel uses.

@@ -142,7 +142,7 @@ fn int8_products_equal_the_integer_reference() {
         let layout = group::Layout::of(ty);
         let offsets: Vec<f32> = (0..rows)
             .flat_map(|j| {
-                p.block_row(j)
+                p.block_rows(j..j + 1)
                     .chunks_exact(layout.size)
                     .flat_map(|b| {
                         group::block_scales(ty, b, group::halves_to_f32)
