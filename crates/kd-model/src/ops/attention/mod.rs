@@ -329,8 +329,8 @@ dispatch! {
 /// `scores[j] = scale · (q · k_j)` for the key rows of `keys` (`[scores.len(), q.len()]`).
 /// Each dot product: [`DOT_LANES`] partial sums (lane = index mod 16; a ragged tail as one
 /// more chunk padded with zeros), each `acc += x · y` (a product, then a sum: no fused
-/// multiply-add), then added up in a fixed tree (`a_l + a_{l+8}`, then `+ a_{l+4}`'s pair, then
-/// `(b_0 + b_2) + (b_1 + b_3)`) — the same operations at every SIMD level, so the same bits.
+/// multiply-add), then added up in a fixed tree — `b_l = a_l + a_{l+8}`, `c_l = b_l + b_{l+4}`,
+/// `(c_0 + c_2) + (c_1 + c_3)` — the same operations at every SIMD level, so the same bits.
 fn scores_into(
     simd: kd_kernels::cpu::SimdLevel,
     q: &[f32],
