@@ -245,8 +245,14 @@ impl std::fmt::Debug for PackedMatrix {
     }
 }
 
-/// Output rows per parallel task.
+/// Output rows per parallel task at least, and what a task's rows are a multiple of (AMX
+/// tiles take 16 at a time).
 const ROWS_PER_TASK: usize = 64;
+
+/// Tasks per thread of the pool a product of few input rows is split into, at most: enough
+/// that a thread that starts late still gets a share, few enough that handing the tasks out
+/// costs little beside them (a SmolLM2 decode step's products made 3,200 tasks of 64 rows).
+const TASKS_PER_THREAD: usize = 4;
 
 /// Output rows per parallel task of a wide pass ([`WIDE_PASS`] input rows or more).
 const WIDE_ROWS_PER_TASK: usize = 256;
@@ -266,11 +272,18 @@ fn par_rows_of(
     n: usize,
     kernel: impl Fn(usize, std::ops::Range<usize>, &mut [f32]) + Sync,
 ) -> Vec<Vec<f32>> {
-    // A wide pass's tasks each run a GEMM: fewer, larger ones block better.
+    // A wide pass's tasks each run a GEMM: fewer, larger ones block better. Otherwise
+    // TASKS_PER_THREAD tasks per thread over all the matrices, in multiples of ROWS_PER_TASK.
+    // Each output is computed alone, so the split does not change a bit of it.
     let per_task = if n >= WIDE_PASS {
         WIDE_ROWS_PER_TASK
     } else {
-        ROWS_PER_TASK
+        let tasks = rayon::current_num_threads().max(1) * TASKS_PER_THREAD;
+        rows.iter()
+            .sum::<usize>()
+            .div_ceil(tasks)
+            .next_multiple_of(ROWS_PER_TASK)
+            .max(ROWS_PER_TASK)
     };
     let tasks: Vec<(usize, usize)> = rows
         .iter()
