@@ -124,6 +124,39 @@ impl Kernel {
     }
 }
 
+/// `f(row, g, out)` for each matrix row of `rb` bytes in `rows` (output `j0 + i`) and each
+/// group of at most `most` input rows of the `n` (rows `r0..r0 + g`, `out` naming them).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn row_groups(
+    (rows, rb): (&[u8], usize),
+    n: usize,
+    most: usize,
+    acc: &mut [f32],
+    nb: usize,
+    j0: usize,
+    mut f: impl FnMut(&[u8], usize, Out<'_>),
+) {
+    for (i, row) in rows.chunks_exact(rb).enumerate() {
+        let mut r0 = 0;
+        while r0 < n {
+            let g = (n - r0).min(most);
+            f(
+                row,
+                g,
+                Out {
+                    acc: &mut *acc,
+                    nb,
+                    j: j0 + i,
+                    r0,
+                },
+            );
+            r0 += g;
+        }
+    }
+}
+
 /// [`Kernel::dot_rows`] on AVX2: each matrix row against the input rows two at a time.
 ///
 /// # Safety
@@ -144,24 +177,16 @@ unsafe fn rows_avx2(
     nb: usize,
     j0: usize,
 ) {
-    group::with_type!(ty, T => {
-        for (i, row) in rows.chunks_exact(rb).enumerate() {
-            let mut r0 = 0;
-            while r0 < n {
-                let g = (n - r0).min(2);
-                let out = Out { acc: &mut *acc, nb, j: j0 + i, r0 };
-                // SAFETY: the caller's contract: rows r0..r0 + g of `x`, the row's whole
-                // blocks, output j0 + i of row r0 + g − 1 within `acc`.
-                unsafe {
-                    match g {
-                        1 => group_avx2::<1, T>(row, x, cols, out),
-                        _ => group_avx2::<2, T>(row, x, cols, out),
-                    }
-                }
-                r0 += g;
+    group::with_type!(ty, T => row_groups((rows, rb), n, 2, acc, nb, j0, |row, g, out| {
+        // SAFETY: the caller's contract: rows r0..r0 + g of `x`, the row's whole blocks,
+        // output j0 + i of row r0 + g − 1 within `acc`.
+        unsafe {
+            match g {
+                1 => group_avx2::<1, T>(row, x, cols, out),
+                _ => group_avx2::<2, T>(row, x, cols, out),
             }
         }
-    })
+    }))
 }
 
 /// [`Kernel::dot_rows`] on AVX-512: each matrix row against up to eight input rows at a time.
@@ -182,29 +207,21 @@ unsafe fn rows_avx512(
     nb: usize,
     j0: usize,
 ) {
-    group::with_type!(ty, T => {
-        for (i, row) in rows.chunks_exact(rb).enumerate() {
-            let mut r0 = 0;
-            while r0 < n {
-                let g = (n - r0).min(8);
-                let out = Out { acc: &mut *acc, nb, j: j0 + i, r0 };
-                // SAFETY: as in `rows_avx2`.
-                unsafe {
-                    match g {
-                        1 => group_avx512::<1, T>(row, x, cols, out),
-                        2 => group_avx512::<2, T>(row, x, cols, out),
-                        3 => group_avx512::<3, T>(row, x, cols, out),
-                        4 => group_avx512::<4, T>(row, x, cols, out),
-                        5 => group_avx512::<5, T>(row, x, cols, out),
-                        6 => group_avx512::<6, T>(row, x, cols, out),
-                        7 => group_avx512::<7, T>(row, x, cols, out),
-                        _ => group_avx512::<8, T>(row, x, cols, out),
-                    }
-                }
-                r0 += g;
+    group::with_type!(ty, T => row_groups((rows, rb), n, 8, acc, nb, j0, |row, g, out| {
+        // SAFETY: as in `rows_avx2`.
+        unsafe {
+            match g {
+                1 => group_avx512::<1, T>(row, x, cols, out),
+                2 => group_avx512::<2, T>(row, x, cols, out),
+                3 => group_avx512::<3, T>(row, x, cols, out),
+                4 => group_avx512::<4, T>(row, x, cols, out),
+                5 => group_avx512::<5, T>(row, x, cols, out),
+                6 => group_avx512::<6, T>(row, x, cols, out),
+                7 => group_avx512::<7, T>(row, x, cols, out),
+                _ => group_avx512::<8, T>(row, x, cols, out),
             }
         }
-    })
+    }))
 }
 
 /// The eight lanes' sum in the order every kernel uses.
