@@ -15,6 +15,8 @@
 use kd_gguf::GgmlType;
 
 use super::group::{self, Layout};
+#[cfg(target_arch = "x86_64")]
+use crate::q8::{GROUP, rows_in_registers};
 
 /// An f32-activation kernel this CPU can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +91,10 @@ impl Kernel {
             "dot_rows: shapes do not match"
         );
         let rb = cols / per_block * layout.size;
-        let m = rows.len().checked_div(rb).unwrap_or(0);
+        assert!(rb > 0, "dot_rows: shapes do not match");
+        let m = rows.len() / rb;
         assert!(
-            rb > 0
-                && rows.len() == m * rb
+            rows.len() == m * rb
                 && x.len() >= n * cols
                 && (n == 0 || m == 0 || acc.len() >= (n - 1) * nb + j0 + m),
             "dot_rows: shapes do not match"
@@ -189,7 +191,8 @@ unsafe fn rows_avx2(
     }))
 }
 
-/// [`Kernel::dot_rows`] on AVX-512: each matrix row against up to eight input rows at a time.
+/// [`Kernel::dot_rows`] on AVX-512: each matrix row against up to [`GROUP`] (eight) input rows
+/// at a time.
 ///
 /// # Safety
 /// As [`rows_avx2`], with AVX-512 F and F16C in place of AVX2, FMA and F16C.
@@ -207,20 +210,10 @@ unsafe fn rows_avx512(
     nb: usize,
     j0: usize,
 ) {
-    group::with_type!(ty, T => row_groups((rows, rb), n, 8, acc, nb, j0, |row, g, out| {
+    // The AVX-512 kernel keeps as many input rows in registers as the 8-bit kernels do.
+    group::with_type!(ty, T => row_groups((rows, rb), n, GROUP, acc, nb, j0, |row, g, out| {
         // SAFETY: as in `rows_avx2`.
-        unsafe {
-            match g {
-                1 => group_avx512::<1, T>(row, x, cols, out),
-                2 => group_avx512::<2, T>(row, x, cols, out),
-                3 => group_avx512::<3, T>(row, x, cols, out),
-                4 => group_avx512::<4, T>(row, x, cols, out),
-                5 => group_avx512::<5, T>(row, x, cols, out),
-                6 => group_avx512::<6, T>(row, x, cols, out),
-                7 => group_avx512::<7, T>(row, x, cols, out),
-                _ => group_avx512::<8, T>(row, x, cols, out),
-            }
-        }
+        unsafe { rows_in_registers!(group_avx512, g, T, (row, x, cols, out)) }
     }))
 }
 
