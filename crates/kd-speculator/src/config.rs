@@ -180,6 +180,9 @@ pub struct SpeculatorConfig {
     /// EAGLE-3: tokens of the draft vocabulary, the most frequent of the training
     /// completions (default: 32,000, SpecForge's, or the target's vocabulary when smaller).
     pub draft_vocab_size: Option<usize>,
+    /// EAGLE-3: the width of a fresh draft's MLP (its `intermediate_size`; default: the
+    /// target's, as SpecForge builds it). A draft started from `init_adapter` keeps its own.
+    pub draft_intermediate_size: Option<usize>,
     /// EAGLE-3: training-time-test steps unrolled per position (SpecForge's default 7).
     pub ttt_length: usize,
     /// EAGLE-3: the three target hidden states the draft reads, low / mid / high, in Hugging
@@ -322,6 +325,7 @@ impl Default for SpeculatorConfig {
             teacher_cache_dir: None,
             draft_method: DraftMethod::Lora,
             draft_vocab_size: None,
+            draft_intermediate_size: None,
             ttt_length: 7,
             aux_layers: Vec::new(),
             draft_head_init: DraftHeadInit::Random,
@@ -589,6 +593,9 @@ impl SpeculatorConfig {
         }
         if self.draft_vocab_size == Some(0) {
             return bad("--draft_vocab_size must be at least 1".into());
+        }
+        if self.draft_intermediate_size == Some(0) {
+            return bad("--draft_intermediate_size must be at least 1".into());
         }
         if !matches!(self.aux_layers.len(), 0 | 3) {
             return bad(format!(

@@ -575,6 +575,9 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
         Some(dir) => {
             let draft = Eagle3Draft::load(dir, Some(embedding.clone()), device)?;
             kd_eval::Eagle3Drafter::new(&draft, layers).check_target(target)?;
+            for w in ignored_shape_flags(config, &draft, dir) {
+                warnings.push(observer, w);
+            }
             draft
         }
         None => {
@@ -582,6 +585,9 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
             let vocab = draft_vocab_from_examples(&examples.examples, tc.vocab_size, size)?;
             let mut draft_config = Eagle3Config::for_target(tc, vocab.len())?;
             draft_config.aux_layers = Some(layers);
+            if let Some(width) = config.draft_intermediate_size {
+                draft_config.llama.intermediate_size = width;
+            }
             device.seed(derive_seed(config.seed, &[0xEA3]));
             let draft = Eagle3Draft::new(draft_config, vocab, embedding.clone(), device)?;
             match config.draft_head_init {
@@ -660,6 +666,40 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
         on_policy: None,
         last_log,
     })
+}
+
+/// A draft started from `--init_adapter` keeps its own shape: the warnings for a
+/// `--draft_vocab_size` or `--draft_intermediate_size` that differs from it (each naming both
+/// values), which is then not applied.
+fn ignored_shape_flags(
+    config: &crate::SpeculatorConfig,
+    draft: &Eagle3Draft,
+    dir: &Path,
+) -> Vec<String> {
+    let c = draft.config();
+    [
+        (
+            "draft_vocab_size",
+            config.draft_vocab_size,
+            c.draft_vocab_size,
+        ),
+        (
+            "draft_intermediate_size",
+            config.draft_intermediate_size,
+            c.llama.intermediate_size,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(flag, asked, has)| {
+        let asked = asked.filter(|a| *a != has)?;
+        Some(format!(
+            "--{flag} {asked} is not applied: the draft of --init_adapter {} has {has}, and a \
+             draft started from a checkpoint keeps its shape (start without --init_adapter for \
+             a fresh draft of that shape)",
+            dir.display()
+        ))
+    })
+    .collect()
 }
 
 /// Share of the examples' completion tokens inside the draft vocabulary.

@@ -348,7 +348,9 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
         target.num_attention_heads * target.head_dim,
         target.num_key_value_heads * target.head_dim,
     );
-    let i = target.intermediate_size;
+    let i = config
+        .draft_intermediate_size
+        .unwrap_or(target.intermediate_size);
     // fc, q/k/v over 2d, o, the MLP, three norms, the head over the draft vocabulary.
     let trainable = 3 * d * d + 2 * d * (q + 2 * kv) + q * d + 3 * d * i + 4 * d + size * d;
     let start = match &config.init_adapter {
@@ -377,8 +379,8 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
         (
             "draft".into(),
             format!(
-                "EAGLE-3 head ({start}) on {}: one decoder layer of width {d}, draft vocabulary \
-                 {size} of {} tokens, {:.2}M trainable parameters; the target's embedding, \
+                "EAGLE-3 head ({start}) on {}: one decoder layer of width {d} (MLP {i}), draft \
+                 vocabulary {size} of {} tokens, {:.2}M trainable parameters; the target's embedding, \
                  frozen, is not exported",
                 config.draft_gpus,
                 target.vocab_size,

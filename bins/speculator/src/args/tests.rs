@@ -37,6 +37,9 @@ fn eagle3_flags_reach_the_configuration() {
         (c.draft_vocab_size, c.ttt_length, c.aux_layers),
         (Some(8192), 5, vec![2, 15, 27])
     );
+    assert_eq!(c.draft_intermediate_size, None);
+    let c = parse("--draft_method eagle3 --draft_intermediate_size 3072").unwrap();
+    assert_eq!(c.draft_intermediate_size, Some(3072));
     let c = parse("").unwrap();
     assert_eq!(c.draft_method, kd_speculator::DraftMethod::Lora);
     assert!(parse("--draft_method medusa").is_err());

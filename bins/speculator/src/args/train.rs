@@ -245,6 +245,9 @@ pub struct TrainArgs {
     /// when smaller].
     #[arg(long)]
     pub draft_vocab_size: Option<usize>,
+    /// EAGLE-3: the width of a fresh draft's MLP [default: the target's intermediate_size].
+    #[arg(long)]
+    pub draft_intermediate_size: Option<usize>,
     /// EAGLE-3: training-time-test steps unrolled per position.
     #[arg(long, default_value_t = d().ttt_length)]
     pub ttt_length: usize,

@@ -366,6 +366,11 @@ fn eagle3_settings_that_cannot_apply_are_refused_by_name() {
         ..small_eagle3(&out)
     });
     assert!(e.contains("--ttt_length"), "{e}");
+    let e = err(SpeculatorConfig {
+        draft_intermediate_size: Some(0),
+        ..small_eagle3(&out)
+    });
+    assert!(e.contains("--draft_intermediate_size"), "{e}");
     // The demo target is safetensors: no GGUF blocks to take 8-bit activations.
     let e = err(SpeculatorConfig {
         target_int8: true,
@@ -414,6 +419,60 @@ fn the_dry_run_states_what_the_target_cache_holds() {
         ..config
     });
     assert!(off.contains("on every micro-batch"), "{off}");
+}
+
+/// `--draft_intermediate_size` sets a fresh head's MLP width: the checkpoint says so (and a
+/// run starting from it loads weights of that shape), speculative decoding with it (from Q8_0 blocks) keeps the
+/// target's output, and a run continuing from it with another width keeps the checkpoint's
+/// and warns, naming both.
+#[test]
+fn a_wider_head_mlp_is_trained_saved_and_kept_when_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let config = SpeculatorConfig {
+        draft_intermediate_size: Some(96),
+        num_epochs: 1,
+        max_samples: Some(60),
+        eval_draft_q8_0: true,
+        ..small_eagle3(&out)
+    };
+    let plan = kd_speculator::plan(&config).unwrap();
+    let (_, draft) = plan.items.iter().find(|(k, _)| k == "draft").unwrap();
+    assert!(draft.contains("(MLP 96)"), "{draft}");
+    let summary = run(&config, &mut Phases::default()).unwrap();
+    let after = summary.acceptance.as_ref().unwrap().after.as_ref().unwrap();
+    assert_eq!(after.greedy_identical_rows, Some(summary.prompts.2));
+    let checkpoint = out.join("checkpoint-epoch-0");
+    let saved = kd_model::Eagle3Config::from_file(checkpoint.join("config.json")).unwrap();
+    let target = kd_model::LlamaConfig::from_file(demo().join("target/config.json")).unwrap();
+    assert_ne!(target.intermediate_size, 96);
+    assert_eq!(saved.llama.intermediate_size, 96);
+
+    let next = dir.path().join("next");
+    let mut rec = Phases::default();
+    run(
+        &SpeculatorConfig {
+            init_adapter: Some(checkpoint.clone()),
+            draft_intermediate_size: Some(128),
+            eval_fraction: 0.0,
+            ..SpeculatorConfig {
+                output_dir: next.clone(),
+                ..config
+            }
+        },
+        &mut rec,
+    )
+    .unwrap();
+    assert!(
+        rec.1.iter().any(
+            |w| w.contains("--draft_intermediate_size 128 is not applied") && w.contains("has 96")
+        ),
+        "{:?}",
+        rec.1
+    );
+    let kept =
+        kd_model::Eagle3Config::from_file(next.join("checkpoint-epoch-0/config.json")).unwrap();
+    assert_eq!(kept.llama.intermediate_size, 96);
 }
 
 /// SmolLM2 (Q4_1) as the target with 8-bit activations (`--target_int8`; `--target_amx` where
