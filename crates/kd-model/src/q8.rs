@@ -307,7 +307,7 @@ macro_rules! simd_dot_row {
                     && r0 + G <= x.n
                     && r0 + GROUP <= x.padded
                     && x.cols.is_multiple_of(32 << layout.shift)
-                    && row.len() == (groups >> layout.shift) * layout.size
+                    && row.len() == layout.row_bytes(x.cols)
                     && x.q.len() == x.n * x.cols
                     && x.d.len() == groups * x.padded
                     && x.s.len() == groups * x.padded
@@ -481,8 +481,7 @@ impl Kernel {
     /// # Panics
     /// If `rows` is not whole matrix rows of `x.cols` values of `ty`.
     pub fn dot_rows(self, ty: GgmlType, rows: &[u8], x: &Q8Rows, acc: &mut [f32], nb: usize) {
-        let layout = Layout::of(ty);
-        let rb = ((x.cols / 32) >> layout.shift) * layout.size;
+        let rb = Layout::of(ty).row_bytes(x.cols);
         assert!(
             rb > 0 && rows.len().is_multiple_of(rb),
             "dot_rows: not whole matrix rows"

@@ -328,8 +328,7 @@ impl Kernel {
     /// If `ty` is not a K-quant type or `rows` is not whole matrix rows of `x.cols` values.
     pub fn dot_rows_k(self, ty: GgmlType, rows: &[u8], x: &Q8KRows, acc: &mut [f32], nb: usize) {
         assert!(is_kquant(ty), "not a K-quant type: {ty:?}");
-        let layout = Layout::of(ty);
-        let rb = ((x.cols / 32) >> layout.shift) * layout.size;
+        let rb = Layout::of(ty).row_bytes(x.cols);
         assert!(
             rb > 0 && rows.len().is_multiple_of(rb),
             "dot_rows_k: not whole matrix rows"

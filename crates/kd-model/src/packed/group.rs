@@ -97,6 +97,13 @@ impl Layout {
         debug_assert_eq!(ty.block(), Some((32 << shift, size)));
         Self { size, shift }
     }
+
+    /// Bytes of a matrix row of `cols` values: its whole blocks (0 for fewer values than a
+    /// block holds).
+    #[inline(always)]
+    pub fn row_bytes(self, cols: usize) -> usize {
+        ((cols / 32) >> self.shift) * self.size
+    }
 }
 
 /// Whether a type's q values are unsigned (`0..=31`; an offset carries the weights' sign).

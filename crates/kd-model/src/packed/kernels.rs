@@ -90,7 +90,7 @@ impl Kernel {
             cols.is_multiple_of(per_block),
             "dot_rows: shapes do not match"
         );
-        let rb = cols / per_block * layout.size;
+        let rb = layout.row_bytes(cols);
         assert!(rb > 0, "dot_rows: shapes do not match");
         let m = rows.len() / rb;
         assert!(
