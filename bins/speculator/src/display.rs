@@ -261,6 +261,12 @@ pub fn print_summary(s: &SpeculatorSummary) {
         "  trained            {} steps, {} label tokens per epoch",
         s.train.global_step, s.trained_tokens_per_epoch
     );
+    if let Some(t) = &s.target_rows {
+        println!(
+            "  target rows        {} computed, {} read back from memory, {} from disk ({} written)",
+            t.misses, t.hits, t.disk_reads, t.disk_writes
+        );
+    }
     if let Some(o) = &s.on_policy {
         println!(
             "  on-policy          {} rows: the draft sampled {} tokens ({:.1} s, {:.0} tokens/s), \

@@ -18,7 +18,7 @@ mod save;
 
 pub use crate::lora::{TOKENIZER_FILES, copy_tokenizer_files};
 pub(crate) use save::save;
-pub use save::{SaveDType, write_atomic, write_safetensors};
+pub use save::{RawTensor, SaveDType, write_atomic, write_safetensors};
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};

@@ -198,6 +198,12 @@ pub struct SpeculatorConfig {
     /// rows beyond it run through the target every epoch (0: every row, every epoch). Each
     /// data-parallel rank keeps its own rows up to it.
     pub target_cache_mb: usize,
+    /// EAGLE-3: a directory where what the target gives each training row also goes to disk
+    /// (one safetensors file per row, about 9.2 KB a token position at SmolLM2's width), and
+    /// where a later run over the same rows reads it back instead of running the target
+    /// (`None`: memory only, [`target_cache_mb`](Self::target_cache_mb)). Refused when it
+    /// holds the rows of another target or other layers.
+    pub target_cache_dir: Option<PathBuf>,
 }
 
 /// How a fresh EAGLE-3 draft's output layer (`norm`, `lm_head`) starts.
@@ -330,6 +336,7 @@ impl Default for SpeculatorConfig {
             aux_layers: Vec::new(),
             draft_head_init: DraftHeadInit::Random,
             target_cache_mb: 4096,
+            target_cache_dir: None,
         }
     }
 }

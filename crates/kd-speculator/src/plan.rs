@@ -98,7 +98,7 @@ pub fn plan(config: &SpeculatorConfig) -> Result<Plan> {
         ),
     );
     if eagle3 {
-        for (k, v) in eagle3_plan(config, &s.draft_config) {
+        for (k, v) in eagle3_plan(config, &s.draft_config, p) {
             put(&k, v);
         }
     } else {
@@ -340,7 +340,11 @@ fn acceptance_line(config: &SpeculatorConfig, s: &Setup) -> String {
 
 /// The dry run's lines of an EAGLE-3 run: the draft, its features, its loss. `target` is the
 /// target's configuration (the draft's width and vocabulary).
-fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, String)> {
+fn eagle3_plan(
+    config: &SpeculatorConfig,
+    target: &LlamaConfig,
+    prompts: &crate::data::PromptSet,
+) -> Vec<(String, String)> {
     let layers = crate::setup::aux_layers(config, target);
     let size = crate::setup::draft_vocab_size(config, target.vocab_size);
     let d = target.hidden_size;
@@ -363,17 +367,44 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
         },
     };
     let bytes_per_token = crate::eagle3::TargetCache::bytes_per_position(d);
-    let kept = if config.target_cache_mb == 0 {
-        "run through the target on every micro-batch (--target_cache_mb 0)".to_string()
+    // Every training prompt with a completion of the most new tokens allowed.
+    let positions: usize = prompts
+        .train
+        .iter()
+        .map(|i| prompts.ids[*i].len() + generation_params(config).max_new_tokens)
+        .sum();
+    // Where rows beyond the memory go: back through the target, or back from disk.
+    let beyond = match config.target_cache_dir {
+        None => "run through the target every epoch",
+        Some(_) => "are read back from disk every epoch",
+    };
+    let memory = if config.target_cache_mb == 0 {
+        match config.target_cache_dir {
+            None => "run through the target on every micro-batch (--target_cache_mb 0)".to_string(),
+            Some(_) => "computed by the target once per training row, none kept in memory \
+                        (--target_cache_mb 0)"
+                .to_string(),
+        }
     } else {
         format!(
             "computed by the target once per training row and kept in memory, {:.1} KB per \
              token position, up to --target_cache_mb {} MiB per process (about {} positions; \
-             rows beyond it run through the target every epoch)",
+             rows beyond it {beyond})",
             bytes_per_token as f64 / 1e3,
             config.target_cache_mb,
             config.target_cache_mb.saturating_mul(1 << 20) / bytes_per_token
         )
+    };
+    let kept = match &config.target_cache_dir {
+        None => format!("{memory}; nothing on disk"),
+        Some(dir) => format!(
+            "{memory}; on disk in {}, {:.1} KB per token position, read back there in later \
+             epochs and by later runs over the same rows (at most about {:.1} MB for this run's \
+             rows: every training prompt with a completion of --max_new_tokens)",
+            dir.display(),
+            bytes_per_token as f64 / 1e3,
+            (bytes_per_token * positions) as f64 / 1e6
+        ),
     };
     vec![
         (
@@ -392,7 +423,7 @@ fn eagle3_plan(config: &SpeculatorConfig, target: &LlamaConfig) -> Vec<(String, 
             format!(
                 "the target's hidden states {layers:?} (of 0..={}), its final hidden state \
                  (the draft vocabulary's logits are made again from it each step), log-normaliser \
-                 and argmax: {kept}; nothing on disk",
+                 and argmax: {kept}",
                 target.num_hidden_layers,
             ),
         ),

@@ -46,6 +46,9 @@ pub struct SpeculatorSummary {
     pub train: TrainSummary,
     /// What the on-policy rows cost (runs with on-policy rows only).
     pub on_policy: Option<OnPolicyTotals>,
+    /// EAGLE-3 runs: the training rows the target ran on, and those read back from memory or
+    /// from disk (`--target_cache_dir`) instead.
+    pub target_rows: Option<crate::eagle3::CacheStats>,
     /// The last logged losses.
     pub last_log: Option<LogRecord>,
     /// Acceptance before and after training (absent when the target is remote only or no
@@ -83,6 +86,12 @@ pub fn run(
     // Before the output directory is touched: a target that cannot decode as asked
     // (`--target_int8`, `--target_amx`) is refused with the earlier run's files intact.
     let teacher = load_teacher(config, &setup)?;
+    // So is a --target_cache_dir holding another target's rows, before anything is generated.
+    if config.draft_method == DraftMethod::Eagle3
+        && let Some(target) = teacher.target()
+    {
+        crate::eagle3::target_cache(config, &teacher, target)?;
+    }
     // Held until the run returns: a second run into the same directory is refused.
     let _lock = if world.is_root() {
         Some(prepare_output_dir(config)?)
@@ -147,6 +156,7 @@ pub fn run(
         phase_seconds: timer.phases,
         train: trained.summary,
         on_policy: trained.on_policy,
+        target_rows: trained.target_rows,
         last_log: trained.last_log,
         acceptance_path: eval.file.as_ref().map(|_| eval.path.clone()),
         acceptance: eval.file,
@@ -355,6 +365,7 @@ struct TrainInputs<'a, 'o> {
 pub(crate) struct Trained {
     pub(crate) summary: TrainSummary,
     pub(crate) on_policy: Option<OnPolicyTotals>,
+    pub(crate) target_rows: Option<crate::eagle3::CacheStats>,
     pub(crate) last_log: Option<LogRecord>,
 }
 
@@ -428,6 +439,7 @@ fn train_draft(inputs: TrainInputs<'_, '_>) -> Result<TrainedDraft> {
         trained: Trained {
             summary,
             on_policy: on_policy.totals().cloned(),
+            target_rows: None,
             last_log: wrapper.last_log.take(),
         },
         checkpoints,

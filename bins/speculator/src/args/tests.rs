@@ -40,6 +40,12 @@ fn eagle3_flags_reach_the_configuration() {
     assert_eq!(c.draft_intermediate_size, None);
     let c = parse("--draft_method eagle3 --draft_intermediate_size 3072").unwrap();
     assert_eq!(c.draft_intermediate_size, Some(3072));
+    assert_eq!(c.target_cache_dir, None);
+    let c = parse("--draft_method eagle3 --target_cache_dir /tmp/rows").unwrap();
+    assert_eq!(
+        c.target_cache_dir,
+        Some(std::path::PathBuf::from("/tmp/rows"))
+    );
     let c = parse("").unwrap();
     assert_eq!(c.draft_method, kd_speculator::DraftMethod::Lora);
     assert!(parse("--draft_method medusa").is_err());

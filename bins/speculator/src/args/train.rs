@@ -263,6 +263,11 @@ pub struct TrainArgs {
     /// micro-batch). Per process: N data-parallel ranks on one machine may hold N times it.
     #[arg(long, default_value_t = d().target_cache_mb)]
     pub target_cache_mb: usize,
+    /// EAGLE-3: also keep what the target gives each training row on disk, in DIR (one
+    /// safetensors file per row), and read it back there in later runs instead of running the
+    /// target: reruns with other settings, resumes and continued drafts skip the target.
+    #[arg(long, value_name = "DIR")]
+    pub target_cache_dir: Option<PathBuf>,
 }
 
 /// The run's configuration: `--config` (when given) with the flags given on the command

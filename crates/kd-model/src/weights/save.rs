@@ -87,6 +87,33 @@ pub enum SaveDType {
     F16,
 }
 
+/// One tensor as `safetensors::serialize` takes it: its element type, its shape and its
+/// values' little-endian bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawTensor {
+    /// The element type.
+    pub dtype: Dtype,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The values, little-endian, row-major.
+    pub bytes: Vec<u8>,
+}
+
+impl safetensors::View for &RawTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
 /// Serialises tensors into one safetensors file at `path`, atomically (temporary file in the
 /// same directory, then rename), with `{"format": "pt"}` metadata as transformers expects.
 pub fn write_safetensors(
@@ -94,26 +121,7 @@ pub fn write_safetensors(
     tensors: &[(String, TensorData)],
     dtype: SaveDType,
 ) -> Result<()> {
-    struct View {
-        dtype: Dtype,
-        shape: Vec<usize>,
-        bytes: Vec<u8>,
-    }
-    impl safetensors::View for &View {
-        fn dtype(&self) -> Dtype {
-            self.dtype
-        }
-        fn shape(&self) -> &[usize] {
-            &self.shape
-        }
-        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-            std::borrow::Cow::Borrowed(&self.bytes)
-        }
-        fn data_len(&self) -> usize {
-            self.bytes.len()
-        }
-    }
-    let views: Vec<(String, View)> = tensors
+    let views: Vec<(String, RawTensor)> = tensors
         .iter()
         .map(|(name, t)| {
             let values: Vec<f32> = t.clone().try_into_vec_as::<f32>().expect("float data");
@@ -139,7 +147,7 @@ pub fn write_safetensors(
             };
             (
                 name.clone(),
-                View {
+                RawTensor {
                     dtype: dt,
                     shape: t.shape().to_vec(),
                     bytes,

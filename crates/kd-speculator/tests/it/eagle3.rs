@@ -2,12 +2,14 @@
 //! checkpoint is a SpecForge draft directory that reloads to the same weights, and greedy
 //! speculative decoding with the draft returns exactly what the target alone returns.
 
+use std::collections::BTreeMap;
+
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use kd_data::Example;
 use kd_model::{DraftVocab, Eagle3Config, Eagle3Draft, Llama, eagle3::DraftKvCache, parse_device};
 use kd_speculator::eagle3::{
-    CacheStats, Eagle3Loss, Eagle3Model, TargetCache, default_feature_layers,
-    draft_vocab_from_examples,
+    CacheStats, Eagle3Loss, Eagle3Model, TARGET_ROWS_MANIFEST, TargetCache, TargetRowsManifest,
+    default_feature_layers, draft_vocab_from_examples,
 };
 use kd_train::{LogRecord, TrainConfig, TrainMode, TrainObserver, Trainer};
 
@@ -77,6 +79,37 @@ impl DemoSetup {
     }
 }
 
+/// Three epochs of TTT-`ttt` training of a fresh draft (from `seed`) on the setup's examples
+/// with `cache`: the trained weights, and what the cache held and read.
+fn train_with_cache(
+    setup: &DemoSetup,
+    cache: TargetCache,
+    ttt: usize,
+    seed: u64,
+) -> (std::collections::BTreeMap<String, TensorData>, CacheStats) {
+    let loss = Eagle3Loss {
+        target: &setup.target,
+        layers: setup.layers,
+        ttt_length: ttt,
+        cache,
+    };
+    let out = tempfile::tempdir().unwrap();
+    let train = TrainConfig {
+        output_dir: out.path().to_path_buf(),
+        mode: TrainMode::Full,
+        num_epochs: 3,
+        learning_rate: 3e-3,
+        train_batch_size: 8,
+        save_steps: 0,
+        ..TrainConfig::default()
+    };
+    let draft = setup.draft(seed);
+    let (trained, _) = Trainer::new(train, &loss)
+        .run(Eagle3Model { draft }, &setup.examples)
+        .unwrap();
+    (trained.draft.named_tensors(), loss.cache.stats())
+}
+
 struct Losses(Vec<f64>);
 
 impl TrainObserver for Losses {
@@ -99,29 +132,7 @@ fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
     let examples = &setup.examples;
     let per_position = TargetCache::bytes_per_position(setup.target.config().hidden_size);
     let positions: usize = examples.iter().map(|e| e.input_ids.len()).sum();
-    let train = |budget: usize| {
-        let draft = setup.draft(11);
-        let loss = Eagle3Loss {
-            target: &setup.target,
-            layers: setup.layers,
-            ttt_length: 3,
-            cache: TargetCache::new(budget),
-        };
-        let out = tempfile::tempdir().unwrap();
-        let train = TrainConfig {
-            output_dir: out.path().to_path_buf(),
-            mode: TrainMode::Full,
-            num_epochs: 3,
-            learning_rate: 3e-3,
-            train_batch_size: 8,
-            save_steps: 0,
-            ..TrainConfig::default()
-        };
-        let (trained, _) = Trainer::new(train, &loss)
-            .run(Eagle3Model { draft }, examples)
-            .unwrap();
-        (trained.draft.named_tensors(), loss.cache.stats())
-    };
+    let train = |budget: usize| train_with_cache(&setup, TargetCache::new(budget), 3, 11);
     let (kept, all) = train(1 << 30);
     let rows = examples.len();
     assert_eq!((all.rows, all.misses, all.hits), (rows, rows, 2 * rows));
@@ -134,7 +145,9 @@ fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
             rows: 0,
             bytes: 0,
             hits: 0,
-            misses: 3 * rows
+            misses: 3 * rows,
+            disk_reads: 0,
+            disk_writes: 0,
         }
     );
     let budget = all.bytes / 2;
@@ -152,6 +165,115 @@ fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
         );
         assert_eq!(&part_kept[name], want, "{name}: some rows kept");
     }
+}
+
+/// Rows kept on disk (`--target_cache_dir`) are read back by later runs instead of running the
+/// target, and training on them ends with the weights of training without any cache, bit for
+/// bit: a first run writes every row once and reads them back from disk in its later epochs
+/// (no memory budget); a second run over the same directory never runs the target; a damaged
+/// row file and another row's file are computed again and rewritten; a directory of other
+/// layers is refused, naming both.
+#[test]
+fn target_rows_on_disk_are_read_back_with_the_same_bits() {
+    let setup = DemoSetup::new(64);
+    let examples = &setup.examples;
+    let dir = tempfile::tempdir().unwrap();
+    let rows_dir = dir.path().join("targets");
+    let manifest = TargetRowsManifest::new("demo".into(), setup.layers, setup.target.config());
+    let train = |budget: usize, disk: bool| {
+        let mut cache = TargetCache::new(budget);
+        if disk {
+            cache = cache.with_dir(&rows_dir, &manifest).unwrap();
+        }
+        train_with_cache(&setup, cache, 2, 5)
+    };
+    let files = || {
+        let mut f: Vec<_> = std::fs::read_dir(rows_dir.join("rows"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        f.sort();
+        f
+    };
+    let (want, _) = train(0, false);
+    let rows = examples.len();
+    let same = |got: &BTreeMap<String, TensorData>, what: &str| {
+        for (name, w) in &want {
+            assert_eq!(
+                &got[name], w,
+                "{name}: {what} against the target every epoch"
+            );
+        }
+    };
+
+    let (first, stats) = train(0, true);
+    same(&first, "rows written, then read back from disk");
+    assert_eq!(
+        stats,
+        CacheStats {
+            rows: 0,
+            bytes: 0,
+            hits: 0,
+            misses: rows,
+            disk_reads: 2 * rows,
+            disk_writes: rows,
+        }
+    );
+    let written = files();
+    assert_eq!(written.len(), rows);
+    assert!(rows_dir.join(TARGET_ROWS_MANIFEST).is_file());
+
+    let (again, stats) = train(1 << 30, true);
+    same(&again, "a later run reading every row from disk");
+    assert_eq!(
+        (
+            stats.misses,
+            stats.disk_reads,
+            stats.hits,
+            stats.disk_writes
+        ),
+        (0, rows, 2 * rows, 0)
+    );
+
+    // One file cut short, another holding a third row's bytes.
+    let cut = std::fs::read(&written[0]).unwrap();
+    std::fs::write(&written[0], &cut[..cut.len() / 2]).unwrap();
+    std::fs::copy(&written[2], &written[1]).unwrap();
+    let (mended, stats) = train(0, true);
+    same(&mended, "two damaged rows computed again");
+    assert_eq!(
+        (stats.misses, stats.disk_writes, stats.disk_reads),
+        (2, 2, rows - 2 + 2 * rows)
+    );
+    assert_eq!(
+        std::fs::read(&written[0]).unwrap(),
+        cut,
+        "rewritten as before"
+    );
+
+    // The demo target's layers are [1, 1, 1] (3 layers).
+    let moved = [setup.layers[0], setup.layers[1], setup.layers[2] + 1];
+    let other = TargetRowsManifest::new("other".into(), moved, setup.target.config());
+    let e = TargetCache::new(0)
+        .with_dir(&rows_dir, &other)
+        .unwrap_err()
+        .to_string();
+    let layers = |l: [usize; 3]| {
+        format!(
+            "{:?}",
+            [l[0], l[1], l[2], setup.target.config().num_hidden_layers]
+        )
+    };
+    assert!(
+        e.contains("--target_cache_dir")
+            && e.contains("target: held demo, this run other")
+            && e.contains(&format!(
+                "layers: held {}, this run {}",
+                layers(setup.layers),
+                layers(moved)
+            )),
+        "{e}"
+    );
 }
 
 /// The loss of a micro-batch is SpecForge's TTT loss against the target's own distribution:

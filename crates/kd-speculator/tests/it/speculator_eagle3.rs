@@ -414,11 +414,105 @@ fn the_dry_run_states_what_the_target_cache_holds() {
             )),
         "{line}"
     );
+    assert!(line.contains("nothing on disk"), "{line}");
+    let rows = dir.path().join("rows");
+    let on_disk = features(&SpeculatorConfig {
+        target_cache_dir: Some(rows.clone()),
+        ..config.clone()
+    });
+    assert!(
+        on_disk.contains(&format!("on disk in {}", rows.display()))
+            && on_disk.contains("MB for this run's rows")
+            && on_disk.contains("rows beyond it are read back from disk")
+            && !on_disk.contains("nothing on disk"),
+        "{on_disk}"
+    );
+    let disk_only = features(&SpeculatorConfig {
+        target_cache_dir: Some(rows.clone()),
+        target_cache_mb: 0,
+        ..config.clone()
+    });
+    assert!(
+        disk_only.contains("none kept in memory") && !disk_only.contains("every micro-batch"),
+        "{disk_only}"
+    );
     let off = features(&SpeculatorConfig {
         target_cache_mb: 0,
         ..config
     });
     assert!(off.contains("on every micro-batch"), "{off}");
+}
+
+/// `--target_cache_dir`: the run keeps what the target gave each training row there, under a
+/// manifest naming the target's fingerprint and the layers; a second run over the same rows
+/// reads every row back (the target runs on none) and ends with the first run's checkpoint,
+/// byte for byte; a run reading other layers is refused, naming both, before it generates or
+/// trains anything.
+#[test]
+fn target_rows_kept_on_disk_serve_a_second_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows");
+    let config = SpeculatorConfig {
+        target_cache_dir: Some(rows.clone()),
+        target_cache_mb: 0,
+        num_epochs: 2,
+        max_samples: Some(40),
+        eval_fraction: 0.0,
+        ..small_eagle3(&dir.path().join("first"))
+    };
+    let first = run(&config, &mut Phases::default()).unwrap();
+    let trained = first.prompts.1;
+    let t = first.target_rows.unwrap();
+    // Every row computed once and written; the second epoch read them back from disk.
+    assert_eq!(
+        (t.misses, t.disk_writes, t.disk_reads, t.hits),
+        (trained, trained, trained, 0)
+    );
+    let manifest: kd_speculator::eagle3::TargetRowsManifest = serde_json::from_slice(
+        &std::fs::read(rows.join(kd_speculator::eagle3::TARGET_ROWS_MANIFEST)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        manifest.target,
+        kd_teacher::model_fingerprint(&demo().join("target")).unwrap()
+    );
+    assert_eq!(manifest.layers, vec![1, 2, 2, 3]);
+    assert_eq!(
+        std::fs::read_dir(rows.join("rows")).unwrap().count(),
+        trained
+    );
+
+    let second = dir.path().join("second");
+    let again = run(
+        &SpeculatorConfig {
+            output_dir: second.clone(),
+            ..config.clone()
+        },
+        &mut Phases::default(),
+    )
+    .unwrap();
+    let t = again.target_rows.unwrap();
+    assert_eq!((t.misses, t.disk_writes, t.disk_reads), (0, 0, 2 * trained));
+    let bytes =
+        |out: &Path| std::fs::read(out.join("checkpoint-epoch-1/model.safetensors")).unwrap();
+    assert!(bytes(&second) == bytes(&dir.path().join("first")));
+
+    let third = dir.path().join("third");
+    let e = run(
+        &SpeculatorConfig {
+            output_dir: third.clone(),
+            aux_layers: vec![1, 1, 2],
+            ..config
+        },
+        &mut Phases::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("layers: held [1, 2, 2, 3], this run [1, 1, 2, 3]"),
+        "{e}"
+    );
+    assert!(!third.exists(), "the refused run made {}", third.display());
 }
 
 /// `--draft_intermediate_size` sets a fresh head's MLP width: the checkpoint says so (and a

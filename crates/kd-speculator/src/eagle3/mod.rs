@@ -5,7 +5,9 @@
 //! budget ([`TargetCache`]), so that later epochs skip the target. The logits of the draft
 //! vocabulary are made again from the final hidden state on every step (the target's LM head
 //! rows of the draft vocabulary): a quarter of the memory a kept logit row would take at
-//! SmolLM2's size. Nothing goes to disk.
+//! SmolLM2's size. With a directory ([`TargetCache::with_dir`], `--target_cache_dir`) the rows
+//! also go to disk, for later runs to read back instead of running the target
+//! ([`TargetRowsManifest`]).
 //!
 //! Alignment follows SpecForge's target head: the target runs over the unshifted tokens; the
 //! draft's position `t` reads the target's features at `t` and the embedding of token `t + 1`,
@@ -37,8 +39,12 @@ use crate::config::DraftHeadInit;
 use crate::error::PipelineError;
 use crate::observe::Phase;
 use crate::run::{Phases, Trained};
-use crate::settings::train_config;
+use crate::settings::{TeacherBackend, train_config};
 use crate::setup::{aux_layers, draft_vocab_size};
+
+mod disk;
+
+pub use disk::{TARGET_ROWS_MANIFEST, TargetRowsManifest};
 
 /// The target layers whose hidden states the draft reads, in Hugging Face's
 /// `output_hidden_states` indexing (index i is the input of decoder layer i): `[2, L/2, L − 3]`
@@ -168,12 +174,15 @@ impl RowTargets {
 /// row runs through the target once, not once per epoch (the target's forward pass is most of
 /// a training step on the CPU). Rows are keyed by their contents (tokens, positions and
 /// packed sequences): a kept row is what the target computed for those tokens. Once `budget`
-/// bytes are held, further rows are computed on every visit and not kept. Training with it
-/// ends with the bytes of training without it (tested).
+/// bytes are held, further rows are computed on every visit and not kept in memory (with a
+/// directory, [`with_dir`](Self::with_dir), they are read back from disk instead). Training
+/// with it ends with the bytes of training without it (tested).
 #[derive(Default)]
 pub struct TargetCache {
     budget: usize,
     state: Mutex<CacheState>,
+    /// Where rows also go, and are looked for when not in memory.
+    disk: Option<disk::DiskRows>,
     /// The target's LM head rows of the draft vocabulary, transposed (`[d, draft_vocab]`),
     /// on the target's device, with the vocabulary's target ids they were made for.
     head: Mutex<Option<(Vec<u32>, Tensor<2>)>>,
@@ -183,6 +192,7 @@ impl std::fmt::Debug for TargetCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TargetCache")
             .field("budget", &self.budget)
+            .field("disk", &self.disk)
             .field("stats", &self.stats())
             .finish()
     }
@@ -195,6 +205,8 @@ struct CacheState {
     full: bool,
     hits: usize,
     misses: usize,
+    disk_reads: usize,
+    disk_writes: usize,
 }
 
 /// What a [`TargetCache`] holds and how often it was read.
@@ -204,10 +216,15 @@ pub struct CacheStats {
     pub rows: usize,
     /// Bytes held (the rows' targets and keys).
     pub bytes: usize,
-    /// Rows read back instead of running the target.
+    /// Rows read back from memory instead of running the target.
     pub hits: usize,
     /// Rows the target ran on.
     pub misses: usize,
+    /// Rows read back from disk instead of running the target
+    /// ([`TargetCache::with_dir`]).
+    pub disk_reads: usize,
+    /// Rows written to disk.
+    pub disk_writes: usize,
 }
 
 impl TargetCache {
@@ -217,8 +234,20 @@ impl TargetCache {
         Self {
             budget,
             state: Mutex::default(),
+            disk: None,
             head: Mutex::default(),
         }
+    }
+
+    /// The same cache, its rows also kept on disk under `dir` (made where it does not exist)
+    /// and looked for there when not in memory: a later run over the same rows reads them back
+    /// instead of running the target, the same bits. Refused, naming each difference, where
+    /// `dir` holds the rows of another target or other layers than `manifest`'s.
+    pub fn with_dir(self, dir: &Path, manifest: &TargetRowsManifest) -> crate::Result<Self> {
+        Ok(Self {
+            disk: Some(disk::DiskRows::open(dir, manifest)?),
+            ..self
+        })
     }
 
     /// Bytes kept per real token position: three features and the final hidden state, of
@@ -258,6 +287,8 @@ impl TargetCache {
             bytes: state.bytes,
             hits: state.hits,
             misses: state.misses,
+            disk_reads: state.disk_reads,
+            disk_writes: state.disk_writes,
         }
     }
 
@@ -268,17 +299,45 @@ impl TargetCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The row keyed `key` from memory, else from disk (then kept in memory while there is
+    /// room); `None` (a miss) when the target must run on it.
     fn get(&self, key: &[u32]) -> Option<Arc<RowTargets>> {
-        let mut state = self.lock();
-        let row = state.rows.get(key).cloned();
-        match row {
-            Some(_) => state.hits += 1,
-            None => state.misses += 1,
+        {
+            let mut state = self.lock();
+            if let Some(row) = state.rows.get(key).cloned() {
+                state.hits += 1;
+                return Some(row);
+            }
         }
-        row
+        // Read without holding the lock.
+        let found = self.disk.as_ref().and_then(|disk| disk.read(key));
+        match found {
+            Some(row) => {
+                let row = Arc::new(row);
+                self.lock().disk_reads += 1;
+                self.keep(key.to_vec(), row.clone());
+                Some(row)
+            }
+            None => {
+                self.lock().misses += 1;
+                None
+            }
+        }
     }
 
+    /// A row the target computed: to disk (with a directory), and kept in memory while there
+    /// is room.
     fn insert(&self, key: Vec<u32>, row: Arc<RowTargets>) {
+        if let Some(disk) = &self.disk
+            && disk.write(&key, &row)
+        {
+            self.lock().disk_writes += 1;
+        }
+        self.keep(key, row);
+    }
+
+    /// Kept in memory, if the budget has room for it.
+    fn keep(&self, key: Vec<u32>, row: Arc<RowTargets>) {
         let mut state = self.lock();
         let bytes = row.bytes() + 4 * key.len();
         if state.bytes + bytes > self.budget {
@@ -286,7 +345,12 @@ impl TargetCache {
                 tracing::info!(
                     held_mb = state.bytes as f64 / 1e6,
                     rows = state.rows.len(),
-                    "EAGLE-3 target cache full: further rows run through the target every epoch"
+                    "EAGLE-3 target cache full: further rows {} every epoch",
+                    if self.disk.is_some() {
+                        "are read back from disk"
+                    } else {
+                        "run through the target"
+                    }
                 );
             }
             state.full = true;
@@ -569,6 +633,7 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
     };
     let tc = target.config();
     let layers = aux_layers(config, tc);
+    let cache = target_cache(config, teacher, target)?;
     let device = &setup.draft_device;
     let embedding = Tensor::<2>::from_data(target.embed_tokens.weight.val().into_data(), device);
     let draft = match &config.init_adapter {
@@ -622,7 +687,7 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
         target,
         layers,
         ttt_length: config.ttt_length,
-        cache: TargetCache::new(config.target_cache_mb.saturating_mul(1 << 20)),
+        cache,
     };
     let base = CheckpointDraft::Eagle3(Box::new(Eagle3Source {
         embedding,
@@ -664,8 +729,28 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
     Ok(Trained {
         summary,
         on_policy: None,
+        target_rows: Some(loss.cache.stats()),
         last_log,
     })
+}
+
+/// The cache of what the target gives each training row: `--target_cache_mb` of memory, and
+/// `--target_cache_dir` opened (made, or checked against this run's target and layers).
+pub(crate) fn target_cache(
+    config: &crate::SpeculatorConfig,
+    teacher: &TeacherBackend,
+    target: &Llama,
+) -> crate::Result<TargetCache> {
+    let cache = TargetCache::new(config.target_cache_mb.saturating_mul(1 << 20));
+    match &config.target_cache_dir {
+        None => Ok(cache),
+        Some(dir) => {
+            let tc = target.config();
+            let layers = aux_layers(config, tc);
+            let manifest = TargetRowsManifest::new(teacher.teacher().fingerprint(), layers, tc);
+            cache.with_dir(dir, &manifest)
+        }
+    }
 }
 
 /// A draft started from `--init_adapter` keeps its own shape: the warnings for a
