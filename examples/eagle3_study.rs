@@ -25,7 +25,8 @@ use kd_model::{
 };
 use kd_speculator::SpeculatorConfig;
 use kd_speculator::eagle3::{
-    Eagle3Loss, Eagle3Model, TargetCache, default_feature_layers, draft_vocab_from_examples,
+    Eagle3Loss, Eagle3Model, TargetCache, TargetRowsManifest, default_feature_layers,
+    draft_vocab_from_examples,
 };
 use kd_train::{LogRecord, TrainConfig, TrainMode, TrainObserver, Trainer};
 
@@ -56,6 +57,11 @@ struct Args {
     /// the target (0: the target runs on every micro-batch).
     #[arg(long, default_value_t = SpeculatorConfig::default().target_cache_mb)]
     target_cache_mb: usize,
+    /// Also keep the target's outputs per training row on disk in DIR, and read them back
+    /// there in later runs (the speculator's `--target_cache_dir`): a rerun with other
+    /// training settings skips the target.
+    #[arg(long, value_name = "DIR")]
+    target_cache_dir: Option<PathBuf>,
     /// Learning rate.
     #[arg(long, default_value_t = 1e-3)]
     learning_rate: f64,
@@ -544,11 +550,16 @@ fn train_draft(
         target.embed_tokens.weight.val(),
         &device,
     )?;
+    let mut cache = TargetCache::new(args.target_cache_mb.saturating_mul(1 << 20));
+    if let Some(dir) = &args.target_cache_dir {
+        let fingerprint = kd_teacher::model_fingerprint(&args.target)?;
+        cache = cache.with_dir(dir, &TargetRowsManifest::new(fingerprint, layers, tc))?;
+    }
     let loss = Eagle3Loss {
         target,
         layers,
         ttt_length: args.ttt_length,
-        cache: TargetCache::new(args.target_cache_mb.saturating_mul(1 << 20)),
+        cache,
     };
     let train_config = TrainConfig {
         output_dir: args.out.join("train"),

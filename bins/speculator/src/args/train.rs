@@ -162,7 +162,7 @@ pub struct TrainArgs {
     /// Share of prompts held out for the acceptance measurement.
     #[arg(long, default_value_t = d().eval_fraction)]
     pub eval_fraction: f64,
-    /// At most this many held-out prompts.
+    /// At most this many held-out prompts (the rest of --eval_fraction's share is trained on).
     #[arg(long, default_value_t = d().eval_max_prompts)]
     pub eval_max_prompts: usize,
     /// Tokens drafted per verification when measuring acceptance.
