@@ -18,6 +18,6 @@ pub use dropout::{derive_seed, dropout_fill, dropout_mask, splitmix64};
 pub use error::{LoraError, Result};
 pub use linear::{LoraAdapter, LoraLinear};
 pub use peft::{
-    ADAPTER_CONFIG, ADAPTER_WEIGHTS, PeftAdapter, PeftWeights, adapter_config_json, load_peft,
-    save_peft,
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, PeftAdapter, PeftWeights, RawTensor, adapter_config_json,
+    load_peft, save_peft,
 };

@@ -82,6 +82,33 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// One tensor as `safetensors::serialize` takes it: its element type, its shape and its
+/// values' little-endian bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawTensor {
+    /// The element type.
+    pub dtype: Dtype,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The values, little-endian, row-major.
+    pub bytes: Vec<u8>,
+}
+
+impl safetensors::View for &RawTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
 /// Writes an adapter in PEFT layout into `dir` (each file atomically).
 pub fn save_peft(
     dir: &Path,
@@ -93,40 +120,20 @@ pub fn save_peft(
         path: dir.to_path_buf(),
         source: e,
     })?;
-    struct View {
-        shape: Vec<usize>,
-        bytes: Vec<u8>,
-    }
-    impl safetensors::View for &View {
-        fn dtype(&self) -> Dtype {
-            Dtype::F32
-        }
-        fn shape(&self) -> &[usize] {
-            &self.shape
-        }
-        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-            std::borrow::Cow::Borrowed(&self.bytes)
-        }
-        fn data_len(&self) -> usize {
-            self.bytes.len()
-        }
-    }
-    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let mut views: Vec<(String, View)> = Vec::new();
+    let f32s = |shape: Vec<usize>, v: &[f32]| RawTensor {
+        dtype: Dtype::F32,
+        shape,
+        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    let mut views: Vec<(String, RawTensor)> = Vec::new();
     for (path, w) in modules {
         views.push((
             format!("{PREFIX}{path}.lora_A.weight"),
-            View {
-                shape: vec![w.r, w.d_in],
-                bytes: bytes(&w.a),
-            },
+            f32s(vec![w.r, w.d_in], &w.a),
         ));
         views.push((
             format!("{PREFIX}{path}.lora_B.weight"),
-            View {
-                shape: vec![w.d_out, w.r],
-                bytes: bytes(&w.b),
-            },
+            f32s(vec![w.d_out, w.r], &w.b),
         ));
     }
     let metadata = Some(std::collections::HashMap::from([(

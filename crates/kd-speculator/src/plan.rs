@@ -368,10 +368,11 @@ fn eagle3_plan(
     };
     let bytes_per_token = crate::eagle3::TargetCache::bytes_per_position(d);
     // Every training prompt with a completion of the most new tokens allowed.
+    let most_new = generation_params(config).max_new_tokens;
     let positions: usize = prompts
         .train
         .iter()
-        .map(|i| prompts.ids[*i].len() + generation_params(config).max_new_tokens)
+        .map(|i| prompts.ids[*i].len() + most_new)
         .sum();
     // Where rows beyond the memory go: back through the target, or back from disk.
     let beyond = match config.target_cache_dir {

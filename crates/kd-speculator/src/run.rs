@@ -87,11 +87,12 @@ pub fn run(
     // (`--target_int8`, `--target_amx`) is refused with the earlier run's files intact.
     let teacher = load_teacher(config, &setup)?;
     // So is a --target_cache_dir holding another target's rows, before anything is generated.
-    if config.draft_method == DraftMethod::Eagle3
-        && let Some(target) = teacher.target()
-    {
-        crate::eagle3::target_cache(config, &teacher, target)?;
-    }
+    let target_cache = match (config.draft_method, teacher.target()) {
+        (DraftMethod::Eagle3, Some(target)) => {
+            Some(crate::eagle3::target_cache(config, &teacher, target)?)
+        }
+        _ => None,
+    };
     // Held until the run returns: a second run into the same directory is refused.
     let _lock = if world.is_root() {
         Some(prepare_output_dir(config)?)
@@ -136,7 +137,7 @@ pub fn run(
     };
     let trained = match &draft_base {
         Some(draft_base) => train_lora(phases, draft_base, base_model, &generations)?,
-        None => crate::eagle3::train_eagle3(phases)?,
+        None => crate::eagle3::train_eagle3(phases, target_cache)?,
     };
 
     Ok(SpeculatorSummary {

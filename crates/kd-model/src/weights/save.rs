@@ -7,6 +7,7 @@ use std::path::Path;
 use burn::nn::Linear;
 use burn::tensor::TensorData;
 use half::{bf16, f16};
+pub use kd_lora::RawTensor;
 use safetensors::Dtype;
 
 use super::{INDEX_FILE, SINGLE_FILE};
@@ -85,33 +86,6 @@ pub enum SaveDType {
     BF16,
     /// float16.
     F16,
-}
-
-/// One tensor as `safetensors::serialize` takes it: its element type, its shape and its
-/// values' little-endian bytes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RawTensor {
-    /// The element type.
-    pub dtype: Dtype,
-    /// The shape.
-    pub shape: Vec<usize>,
-    /// The values, little-endian, row-major.
-    pub bytes: Vec<u8>,
-}
-
-impl safetensors::View for &RawTensor {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
 }
 
 /// Serialises tensors into one safetensors file at `path`, atomically (temporary file in the

@@ -612,7 +612,12 @@ impl StepLossFn<Eagle3Model> for Eagle3Loss<'_> {
 /// The EAGLE-3 phases of a speculator run (after generation): a fresh draft for the target
 /// (or `init_adapter`'s draft directory), acceptance before, TTT training with the generic
 /// trainer (checkpoints are SpecForge draft directories), acceptance after.
-pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
+/// `cache` is the run's [`target_cache`], opened in setup; `None` where the target is not
+/// local (refused here).
+pub(crate) fn train_eagle3(
+    phases: Phases<'_, '_>,
+    cache: Option<TargetCache>,
+) -> crate::Result<Trained> {
     let Phases {
         config,
         setup,
@@ -624,7 +629,7 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
         observer,
         warnings,
     } = phases;
-    let Some(target) = teacher.target() else {
+    let (Some(target), Some(cache)) = (teacher.target(), cache) else {
         return Err(PipelineError::Config(
             "--draft_method eagle3 reads the target's hidden states: --target_model must be a \
              local model directory"
@@ -633,7 +638,6 @@ pub(crate) fn train_eagle3(phases: Phases<'_, '_>) -> crate::Result<Trained> {
     };
     let tc = target.config();
     let layers = aux_layers(config, tc);
-    let cache = target_cache(config, teacher, target)?;
     let device = &setup.draft_device;
     let embedding = Tensor::<2>::from_data(target.embed_tokens.weight.val().into_data(), device);
     let draft = match &config.init_adapter {
