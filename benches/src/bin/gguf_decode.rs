@@ -3,8 +3,8 @@
 //! prompt, beside llama.cpp's `llama-batched-bench` on the same file, prompt length, new
 //! tokens and thread count (its `S_TG`: generation speed excluding prompt processing).
 //!
-//! Our decode time is measured as the time of `prompt + N` tokens minus the time of
-//! `prompt + 1` token (the prefill and the first token), over `(N − 1) · batch` tokens.
+//! Our decode time is that of the steps after the prefill (`Llama::generate_timed`: the
+//! prompt's pass and the first token timed apart), over `(N − 1) · batch` tokens.
 //! Ours three times: with the weights dequantised to f32 (`Llama::load`), with the quantised
 //! blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) kept for decoding
 //! (`Llama::load_for_inference`) and f32 activations, and with the blocks meeting 8-bit activations in integer dot products
@@ -22,7 +22,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kd_benches::median;
-use kd_model::{ForwardOptions, GenerateOptions, Llama, SeededPrompt, TokenBatch, parse_device};
+use kd_model::{
+    ForwardOptions, GenerateOptions, GenerateTimings, Llama, SeededPrompt, TokenBatch, parse_device,
+};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -77,6 +79,12 @@ fn main() -> Result<()> {
             args.model.display()
         );
     }
+    if args.new_tokens < 2 {
+        bail!(
+            "--new-tokens {}: at least 2 (the first comes with the prefill)",
+            args.new_tokens
+        );
+    }
     if let Some(bad) = args.verify.iter().find(|n| **n == 0 || **n > 16) {
         bail!("--verify {bad}: passes of 1 to 16 new tokens are timed");
     }
@@ -127,21 +135,21 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|ids| SeededPrompt { ids, seed: 0 })
                 .collect();
-            let run = |n: usize| -> Result<f64> {
+            let run = |n: usize| -> Result<GenerateTimings> {
                 let mut options = GenerateOptions::greedy(n);
                 options.stop_token_ids = vec![u32::MAX]; // no eos: every row decodes n tokens
-                let t = Instant::now();
-                let out = model.generate(&prompts, &options)?;
+                let (out, timings) = model.generate_timed(&prompts, &options)?;
                 assert!(out.iter().all(|c| c.ids.len() == n));
-                Ok(t.elapsed().as_secs_f64())
+                Ok(timings)
             };
             run(args.new_tokens)?; // warm-up
             let (mut speeds, mut prefills) = (Vec::new(), Vec::new());
             for _ in 0..args.repeats {
-                let full = run(args.new_tokens)?;
-                let first = run(1)?;
-                speeds.push(((args.new_tokens - 1) * b) as f64 / (full - first));
-                prefills.push((args.prompt_len * b) as f64 / first);
+                // The steps after the prefill, timed apart from it (a long prompt's pass
+                // outweighs many steps, and its variation theirs).
+                let t = run(args.new_tokens)?;
+                speeds.push(t.decode_tokens_per_s().unwrap_or(f64::NAN));
+                prefills.push((args.prompt_len * b) as f64 / t.prefill.as_secs_f64());
             }
             let s = median(speeds);
             println!(

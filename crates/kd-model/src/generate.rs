@@ -2,6 +2,8 @@
 //! finishing independently (a finished row leaves the batch, so later steps cost less), each
 //! row sampling from its own seeded stream so that results do not depend on batching.
 
+use std::time::{Duration, Instant};
+
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -61,6 +63,30 @@ pub struct Completion {
     pub logprobs: Option<Vec<f32>>,
 }
 
+/// Where the time of one [`Llama::generate_timed`] call went: the prefill apart from the
+/// steps after it, so that a decoding rate does not carry the prompt's pass (which, for a
+/// long prompt, outweighs many steps and varies more than they take).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GenerateTimings {
+    /// The prompts' pass and the choice of every row's first token.
+    pub prefill: Duration,
+    /// Every step after it: one pass over one token per row still decoding, and the
+    /// choices.
+    pub decode: Duration,
+    /// The passes after the prefill.
+    pub steps: usize,
+    /// The tokens those passes chose (each row's tokens after its first).
+    pub decode_tokens: usize,
+}
+
+impl GenerateTimings {
+    /// Tokens per second after the prefill (`None` when no step ran or none took time).
+    pub fn decode_tokens_per_s(&self) -> Option<f64> {
+        let s = self.decode.as_secs_f64();
+        (self.decode_tokens > 0 && s > 0.0).then(|| self.decode_tokens as f64 / s)
+    }
+}
+
 /// A prompt and the seed of its sampling stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeededPrompt<'a> {
@@ -115,15 +141,31 @@ impl Llama {
         prompts: &[SeededPrompt<'_>],
         options: &GenerateOptions,
     ) -> Result<Vec<Completion>> {
+        Ok(self.generate_timed(prompts, options)?.0)
+    }
+
+    /// [`generate`](Self::generate), with where its time went: the prefill and the steps
+    /// after it, timed apart (the completions are the same).
+    pub fn generate_timed(
+        &self,
+        prompts: &[SeededPrompt<'_>],
+        options: &GenerateOptions,
+    ) -> Result<(Vec<Completion>, GenerateTimings)> {
         // The whole loop on a worker of the pool: no hand-off per step.
-        self.run_decoding(|| self.generate_here(prompts, options))
+        self.run_decoding(|| {
+            let mut timings = GenerateTimings::default();
+            let out = self.generate_here(prompts, options, &mut timings)?;
+            Ok((out, timings))
+        })
     }
 
     fn generate_here(
         &self,
         prompts: &[SeededPrompt<'_>],
         options: &GenerateOptions,
+        timings: &mut GenerateTimings,
     ) -> Result<Vec<Completion>> {
+        let start = Instant::now();
         options.sampling.validate()?;
         self.check_prompts(prompts)?;
         let mut out: Vec<Completion> = prompts
@@ -152,6 +194,7 @@ impl Llama {
         let mut cache = self.new_cache_with_capacity(slots);
         let mut batch = TokenBatch::from_rows(&rows, self.pad_id(), PaddingSide::Left);
         let last = ForwardOptions::last_positions(1);
+        let mut prefill_end: Option<Instant> = None;
         loop {
             let logits = self
                 .forward_cached(&batch, &mut cache, &last)?
@@ -172,6 +215,17 @@ impl Llama {
                 } else if c.ids.len() < options.max_new_tokens {
                     keep.push(slot);
                     next.push(tok);
+                }
+            }
+            match prefill_end {
+                None => {
+                    timings.prefill = start.elapsed();
+                    prefill_end = Some(Instant::now());
+                }
+                Some(t) => {
+                    timings.decode = t.elapsed();
+                    timings.steps += 1;
+                    timings.decode_tokens += active.len();
                 }
             }
             if keep.is_empty() {

@@ -245,6 +245,29 @@ fn generate_is_greedy_decoding_with_stops() {
             None => assert_eq!(c.ids, tokens[r]),
         }
     }
+    // Timed, the same completions; the steps after the prefill are the longest row's tokens
+    // after its first, and the tokens they chose every row's after its first (a stopped row
+    // leaves the batch).
+    for (options, expected) in [
+        (&free, &out),
+        (
+            &GenerateOptions {
+                stop_token_ids: vec![stop],
+                ..GenerateOptions::greedy(steps)
+            },
+            &stopped,
+        ),
+    ] {
+        let (timed, timings) = model.generate_timed(&seeded, options).unwrap();
+        assert_eq!(&timed, expected);
+        let after_first = |c: &kd_model::Completion| c.ids.len() - 1;
+        assert_eq!(timings.steps, timed.iter().map(after_first).max().unwrap());
+        assert_eq!(
+            timings.decode_tokens,
+            timed.iter().map(after_first).sum::<usize>()
+        );
+        assert!(timings.decode_tokens_per_s().is_some_and(|r| r > 0.0));
+    }
 }
 
 /// The cache appends into preallocated slots: its capacity doubles when a step needs more
