@@ -922,3 +922,71 @@ impl Tile<'_> {
         .expect(GEMM);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kd_kernels::cpu::{SimdLevel, detected};
+
+    /// Values spread over several magnitudes and both signs, from a fixed seed.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let unit = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                unit * [0.01f32, 1.0, 30.0][(x % 3) as usize]
+            })
+            .collect()
+    }
+
+    /// Every SIMD level this CPU has gives the scalar tree's bits, whatever the head width
+    /// (multiples of sixteen and ragged ones) and however many keys.
+    #[test]
+    fn scores_have_the_same_bits_at_every_level() {
+        let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512]
+            .into_iter()
+            .filter(|l| *l <= detected())
+            .collect();
+        for d in [16, 32, 64, 80, 128, 7, 72] {
+            for n in [1, 3, 4, 5, 8, 13, 64, 67] {
+                let (q, keys) = (values(d, d as u64), values(n * d, (n * 1000 + d) as u64));
+                let mut want = vec![0f32; n];
+                super::scores_into(SimdLevel::Scalar, &q, &keys, 0.125, &mut want);
+                for &level in &levels {
+                    let mut got = vec![f32::NAN; n];
+                    super::scores_into(level, &q, &keys, 0.125, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{level:?}, d {d}, {n} keys");
+                }
+            }
+        }
+        eprintln!("levels compared with the scalar tree: {levels:?}");
+    }
+
+    /// The weighted sums of values likewise: every level's bits are the scalar loop's, for
+    /// widths that fill four registers, one, or neither, and an output that already holds a
+    /// partial sum (consecutive tiles).
+    #[test]
+    fn weighted_sums_have_the_same_bits_at_every_level() {
+        let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512]
+            .into_iter()
+            .filter(|l| *l <= detected())
+            .collect();
+        for d in [64, 128, 16, 24, 72, 7] {
+            for n in [1, 5, 64] {
+                let (p, v) = (values(n, n as u64 + 7), values(n * d, (n * 31 + d) as u64));
+                let start = values(d, d as u64 + 99);
+                let mut want = start.clone();
+                super::weighted_into(SimdLevel::Scalar, &p, &v, &mut want);
+                for &level in &levels {
+                    let mut got = start.clone();
+                    super::weighted_into(level, &p, &v, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{level:?}, d {d}, {n} keys");
+                }
+            }
+        }
+    }
+}
