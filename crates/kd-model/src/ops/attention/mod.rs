@@ -941,14 +941,19 @@ mod tests {
             .collect()
     }
 
+    /// The SIMD levels above scalar that this CPU has.
+    fn simd_levels() -> Vec<SimdLevel> {
+        [SimdLevel::Avx2, SimdLevel::Avx512]
+            .into_iter()
+            .filter(|l| *l <= detected())
+            .collect()
+    }
+
     /// Every SIMD level this CPU has gives the scalar tree's bits, whatever the head width
     /// (multiples of sixteen and ragged ones) and however many keys.
     #[test]
     fn scores_have_the_same_bits_at_every_level() {
-        let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512]
-            .into_iter()
-            .filter(|l| *l <= detected())
-            .collect();
+        let levels = simd_levels();
         for d in [16, 32, 64, 80, 128, 7, 72] {
             for n in [1, 3, 4, 5, 8, 13, 64, 67] {
                 let (q, keys) = (values(d, d as u64), values(n * d, (n * 1000 + d) as u64));
@@ -970,10 +975,7 @@ mod tests {
     /// partial sum (consecutive tiles).
     #[test]
     fn weighted_sums_have_the_same_bits_at_every_level() {
-        let levels: Vec<SimdLevel> = [SimdLevel::Avx2, SimdLevel::Avx512]
-            .into_iter()
-            .filter(|l| *l <= detected())
-            .collect();
+        let levels = simd_levels();
         for d in [64, 128, 16, 24, 72, 7] {
             for n in [1, 5, 64] {
                 let (p, v) = (values(n, n as u64 + 7), values(n * d, (n * 31 + d) as u64));
