@@ -179,7 +179,21 @@ fn short_pass_attention_matches_burn() {
 /// makes a speculative verification agree with plain decoding exactly), holes included.
 #[test]
 fn short_pass_queries_equal_one_query_passes() {
-    let (b, h, kv, s, t, d) = (2, 6, 2, 5, 23, 64);
+    same_bits_as_one_query_passes((2, 6, 2, 5, 23, 64));
+}
+
+/// The same over a cache of 1030 keys with three K/V heads at batch 1 (a SmolLM2 decode step
+/// after a long prompt), where the pass cuts its queries evenly across the threads instead of
+/// one task per head: the cut changes no query's bits.
+#[test]
+fn a_long_short_pass_cut_across_threads_keeps_each_querys_bits() {
+    same_bits_as_one_query_passes((1, 9, 3, 5, 1030, 64));
+}
+
+/// [`short_pass_queries_equal_one_query_passes`] for `(b, h, kv, s, t, d)`, and the whole pass
+/// against Burn's attention; the last row has three padding slots and, for its queries from
+/// the fourth on, a hole.
+fn same_bits_as_one_query_passes((b, h, kv, s, t, d): (usize, usize, usize, usize, usize, usize)) {
     let device = cpu();
     let tensor = |shape: [usize; 4], seed| {
         Tensor::<4>::from_data(
@@ -192,15 +206,15 @@ fn short_pass_queries_equal_one_query_passes() {
         tensor([b, kv, t, d], 6),
         tensor([b, kv, t, d], 7),
     );
-    // Causal over the last s keys of t; row 1 has three padding slots and, for its last two
-    // queries, a masked key inside the span (a draft slot another row kept).
+    // Causal over the last s keys of t; the last row has three padding slots and, for its
+    // queries from the fourth on, a masked key inside the span (a draft slot another row kept).
     let mut mask = vec![false; b * s * t];
     for r in 0..b {
         for i in 0..s {
             for j in 0..t {
                 let future = j > t - s + i;
-                let pad = r == 1 && j < 3;
-                let hole = r == 1 && j == t - s + 1 && i >= 3;
+                let pad = r == b - 1 && j < 3;
+                let hole = r == b - 1 && j == t - s + 1 && i >= 3;
                 mask[(r * s + i) * t + j] = future || pad || hole;
             }
         }
@@ -210,6 +224,24 @@ fn short_pass_queries_equal_one_query_passes() {
     };
     let whole =
         flat(fused_attention(q.clone(), k.clone(), v.clone(), &mask_of(&mask, s), 0.125).unwrap());
+    let reference = flat(attention(
+        q.clone(),
+        repeat_kv(k.clone(), h / kv),
+        repeat_kv(v.clone(), h / kv),
+        Some(mask_of(&mask, s)),
+        None,
+        AttentionModuleOptions {
+            scale: Some(0.125),
+            softcap: None,
+            is_causal: false,
+        },
+    ));
+    assert_close(
+        "the short pass against Burn's attention",
+        &whole,
+        &reference,
+        1e-5,
+    );
     for i in 0..s {
         let rows: Vec<bool> = (0..b)
             .flat_map(|r| mask[(r * s + i) * t..][..t].to_vec())
