@@ -13,6 +13,13 @@
 //! `--verify 2,5,9` also times single cached passes over that many new tokens (a speculative
 //! verification's shape).
 //!
+//! Every path is loaded first, and then the paths take turns: each of `--repeats` rounds (after
+//! one warm-up round) times every path once, llama.cpp included, in the order given, and every
+//! other round in the reverse order. So a drift of the machine's speed within the run, and any
+//! advantage of running first or second, falls on every path alike. Besides each path's median
+//! (and range) over the rounds, the bench prints paired ratios: per round, one path's speed
+//! over another's, and the median of those ratios.
+//!
 //! `cargo run --release -p kd-benches --bin gguf_decode -- --llama-cpp-bin target/llama.cpp/bin`
 
 use std::path::PathBuf;
@@ -23,7 +30,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kd_benches::median;
 use kd_model::{
-    ForwardOptions, GenerateOptions, GenerateTimings, Llama, SeededPrompt, TokenBatch, parse_device,
+    ForwardOptions, GenerateOptions, KvCache, Llama, SeededPrompt, TokenBatch, parse_device,
 };
 
 #[derive(Parser, Debug)]
@@ -43,7 +50,7 @@ struct Args {
     /// New tokens per sequence.
     #[arg(long, default_value_t = 64)]
     new_tokens: usize,
-    /// Timed repetitions (after one warm-up); the median is reported.
+    /// Timed rounds (after one warm-up round), each path once a round; medians are reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Threads for llama.cpp (ours uses rayon's pool: all cores).
@@ -70,6 +77,27 @@ struct Args {
 /// Our decoding paths, in the order they run.
 const PATHS: [&str; 5] = ["f32", "packed", "packed-ops", "int8", "amx"];
 
+/// One of our paths, loaded, with what its rounds measured.
+struct Path {
+    label: &'static str,
+    model: Llama,
+    /// Per batch size (as `--batch` lists them): decode tokens/s and prefill tokens/s, one
+    /// per timed round.
+    speeds: Vec<Vec<f64>>,
+    prefills: Vec<Vec<f64>>,
+    /// Per pass length (1, then `--verify`): per timed round, the median of its passes (s).
+    passes: Vec<Vec<f64>>,
+    /// The cache after the verification prompt, rolled back after each pass.
+    cache: Option<(KvCache, i64)>,
+}
+
+/// llama.cpp's rounds: per batch size, `S_TG` and `S_PP` of each timed round.
+struct LlamaCpp {
+    exe: PathBuf,
+    tg: Vec<Vec<f64>>,
+    pp: Vec<Vec<f64>>,
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     kd_benches::print_machine()?;
@@ -85,27 +113,33 @@ fn main() -> Result<()> {
             args.new_tokens
         );
     }
+    if args.repeats == 0 {
+        bail!("--repeats 0: at least one timed round");
+    }
     if let Some(bad) = args.verify.iter().find(|n| **n == 0 || **n > 16) {
         bail!("--verify {bad}: passes of 1 to 16 new tokens are timed");
     }
-    let device = parse_device("cpu")?;
-    let mut ours = Vec::new();
     if let Some(bad) = args.paths.iter().find(|p| !PATHS.contains(&p.as_str())) {
         bail!("--paths {bad}: the paths are f32, packed, packed-ops, int8 and amx");
     }
-    for label in PATHS {
-        if !args.paths.iter().any(|p| p == label) {
+    let device = parse_device("cpu")?;
+    // In the order `--paths` gives them (the rounds' order).
+    let mut paths = Vec::new();
+    for given in &args.paths {
+        let Some(&label) = PATHS.iter().find(|p| **p == given.as_str()) else {
+            continue;
+        };
+        if paths.iter().any(|p: &Path| p.label == label) {
             continue;
         }
         let start = Instant::now();
-        let packed = label != "f32";
-        let mut model = if packed {
+        let mut model = if label == "f32" {
+            Llama::load(&args.model, &device)?
+        } else {
             Llama::load_for_inference(&args.model, &device)?
                 .with_int8_activations(label == "int8" || label == "amx")
                 .with_amx_tiles(label == "amx")
                 .with_host_layers(label != "packed-ops")
-        } else {
-            Llama::load(&args.model, &device)?
         };
         if label == "amx" && !model.amx_tiles() {
             bail!("--paths amx: this CPU (or KD_SIMD) offers no AMX-INT8 tiles");
@@ -127,67 +161,149 @@ fn main() -> Result<()> {
                 _ => "the blocks with 8-bit activations, integer dot products",
             }
         );
-        let vocab = model.config().vocab_size as u64;
-        for &b in &args.batch {
+        let cache = if args.verify.is_empty() {
+            None
+        } else {
+            Some(verification_cache(&model, &args)?)
+        };
+        paths.push(Path {
+            label,
+            model,
+            speeds: vec![Vec::new(); args.batch.len()],
+            prefills: vec![Vec::new(); args.batch.len()],
+            passes: vec![Vec::new(); args.verify.len() + 1],
+            cache,
+        });
+    }
+    let mut llama = match (&args.llama_cpp_bin, args.keep_layers) {
+        (Some(bin), None) => Some(LlamaCpp {
+            exe: bin.join("llama-batched-bench"),
+            tg: vec![Vec::new(); args.batch.len()],
+            pp: vec![Vec::new(); args.batch.len()],
+        }),
+        _ => None,
+    };
+    let prompts: Vec<Vec<Vec<u32>>> = args
+        .batch
+        .iter()
+        .map(|&b| {
+            let vocab = paths
+                .first()
+                .map_or(2, |p| p.model.config().vocab_size as u64);
             // Skip the 17 control tokens at the start of the vocabulary.
-            let rows = kd_benches::random_prompts(b, args.prompt_len, 17, vocab);
-            let prompts: Vec<SeededPrompt<'_>> = rows
-                .iter()
-                .map(|ids| SeededPrompt { ids, seed: 0 })
-                .collect();
-            let run = |n: usize| -> Result<GenerateTimings> {
-                let mut options = GenerateOptions::greedy(n);
-                options.stop_token_ids = vec![u32::MAX]; // no eos: every row decodes n tokens
-                let (out, timings) = model.generate_timed(&prompts, &options)?;
-                assert!(out.iter().all(|c| c.ids.len() == n));
-                Ok(timings)
+            kd_benches::random_prompts(b, args.prompt_len, 17, vocab)
+        })
+        .collect();
+
+    // Round 0 warms every path up and is not recorded; odd rounds run the paths in reverse.
+    let turns = paths.len() + usize::from(llama.is_some());
+    for round in 0..=args.repeats {
+        let timed = round > 0;
+        for turn in 0..turns {
+            let i = if round % 2 == 1 {
+                turns - 1 - turn
+            } else {
+                turn
             };
-            run(args.new_tokens)?; // warm-up
-            let (mut speeds, mut prefills) = (Vec::new(), Vec::new());
-            for _ in 0..args.repeats {
-                // The steps after the prefill, timed apart from it (a long prompt's pass
-                // outweighs many steps, and its variation theirs).
-                let t = run(args.new_tokens)?;
-                speeds.push(t.decode_tokens_per_s().unwrap_or(f64::NAN));
-                prefills.push((args.prompt_len * b) as f64 / t.prefill.as_secs_f64());
-            }
-            let s = median(speeds);
-            println!(
-                "ours {label:>10} batch {b}: {s:.1} tokens/s (decode after the prompt); \
-                 prompt {:.1} tokens/s (prefill and the first token)",
-                median(prefills)
-            );
-            if packed {
-                ours.push((label, b, s));
+            match paths.get_mut(i) {
+                Some(path) => path_round(path, &args, &prompts, timed)?,
+                None => {
+                    if let Some(l) = llama.as_mut() {
+                        llama_round(l, &args, timed)?;
+                    }
+                }
             }
         }
-        if !args.verify.is_empty() {
-            verification_passes(&model, &args, label)?;
-        }
-        if let Some((made, n)) = model.f32_copies_made() {
-            println!(
-                "ours {label:>10}: f32 copies made of {made} of the {n} weights held in blocks"
-            );
-        }
-        println!(
-            "ours {label:>10}: peak resident memory so far {}",
-            kd_benches::proc_status_bytes("VmHWM")
-                .map_or("unknown".into(), |b| format!("{:.0} MB", b as f64 / 1e6))
-        );
     }
 
-    if args.keep_layers.is_some() {
-        return Ok(());
+    report(&paths, llama.as_ref(), &args);
+    for path in &paths {
+        if let Some((made, n)) = path.model.f32_copies_made() {
+            println!(
+                "ours {:>10}: f32 copies made of {made} of the {n} weights held in blocks",
+                path.label
+            );
+        }
     }
-    let Some(bin) = &args.llama_cpp_bin else {
+    println!(
+        "peak resident memory of the run (every path loaded at once; run one path for its own): {}",
+        kd_benches::proc_status_bytes("VmHWM")
+            .map_or("unknown".into(), |b| format!("{:.0} MB", b as f64 / 1e6))
+    );
+    if args.keep_layers.is_none() && llama.is_none() {
         println!(
             "llama.cpp: not run (pass --llama-cpp-bin DIR; fixtures/build-llama-server.sh builds it)"
         );
+    }
+    Ok(())
+}
+
+/// One round of a path: one greedy generation per batch size, then (with `--verify`) four
+/// cached passes per pass length.
+fn path_round(path: &mut Path, args: &Args, prompts: &[Vec<Vec<u32>>], timed: bool) -> Result<()> {
+    for (bi, rows) in prompts.iter().enumerate() {
+        let prompts: Vec<SeededPrompt<'_>> = rows
+            .iter()
+            .map(|ids| SeededPrompt { ids, seed: 0 })
+            .collect();
+        let mut options = GenerateOptions::greedy(args.new_tokens);
+        options.stop_token_ids = vec![u32::MAX]; // no eos: every row decodes n tokens
+        let (out, t) = path.model.generate_timed(&prompts, &options)?;
+        assert!(out.iter().all(|c| c.ids.len() == args.new_tokens));
+        if timed {
+            // The steps after the prefill, timed apart from it (a long prompt's pass
+            // outweighs many steps, and its variation theirs).
+            path.speeds[bi].push(t.decode_tokens_per_s().unwrap_or(f64::NAN));
+            path.prefills[bi].push((args.prompt_len * rows.len()) as f64 / t.prefill.as_secs_f64());
+        }
+    }
+    let Some((cache, base)) = path.cache.as_mut() else {
         return Ok(());
     };
-    let exe = bin.join("llama-batched-bench");
+    let vocab = path.model.config().vocab_size as u64;
+    let extra = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab)[0]
+        .split_off(args.prompt_len);
+    let options = ForwardOptions::default();
+    for (k, n) in std::iter::once(1)
+        .chain(args.verify.iter().copied())
+        .enumerate()
+    {
+        let mut times = Vec::new();
+        for _ in 0..4 {
+            let t = Instant::now();
+            let out =
+                path.model
+                    .forward_cached(&TokenBatch::single(&extra[..n]), cache, &options)?;
+            kd_model::generate::to_host(out.into_logits()?);
+            times.push(t.elapsed().as_secs_f64());
+            cache.truncate(&[*base])?;
+        }
+        if timed {
+            path.passes[k].push(median(times));
+        }
+    }
+    Ok(())
+}
+
+/// A cache holding the verification passes' prompt, and its length (what each pass rolls
+/// back to).
+fn verification_cache(model: &Llama, args: &Args) -> Result<(KvCache, i64)> {
+    let vocab = model.config().vocab_size as u64;
+    let rows = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab);
+    let mut cache = model.new_cache();
+    model.forward_cached(
+        &TokenBatch::single(&rows[0][..args.prompt_len]),
+        &mut cache,
+        &ForwardOptions::default(),
+    )?;
+    let base = cache.real_lengths()[0];
+    Ok((cache, base))
+}
+
+/// One run of `llama-batched-bench` over every batch size: its `S_TG` and `S_PP`.
+fn llama_round(l: &mut LlamaCpp, args: &Args, timed: bool) -> Result<()> {
     let npl: Vec<String> = args.batch.iter().map(usize::to_string).collect();
-    let out = Command::new(&exe)
+    let out = Command::new(&l.exe)
         .args(["-m"])
         .arg(&args.model)
         .args(["-t", &args.threads.to_string()])
@@ -197,71 +313,128 @@ fn main() -> Result<()> {
         .args(["-npl", &npl.join(",")])
         .args(["--output-format", "jsonl"])
         .output()
-        .with_context(|| format!("running {}", exe.display()))?;
+        .with_context(|| format!("running {}", l.exe.display()))?;
     if !out.status.success() {
         bail!(
             "{} failed: {}",
-            exe.display(),
+            l.exe.display(),
             String::from_utf8_lossy(&out.stderr)
         );
     }
     let text = String::from_utf8_lossy(&out.stdout);
+    let mut seen = vec![false; args.batch.len()];
     for line in text.lines().filter(|l| l.starts_with('{')) {
         let v: serde_json::Value = serde_json::from_str(line)?;
-        let (pl, tg, pp) = (
-            v["pl"].as_u64(),
-            v["speed_tg"].as_f64(),
-            v["speed_pp"].as_f64(),
-        );
-        if let (Some(pl), Some(tg)) = (pl, tg) {
-            println!(
-                "llama.cpp batch {pl}: {tg:.1} tokens/s (S_TG, {} threads); prompt {:.1} tokens/s (S_PP)",
-                args.threads,
-                pp.unwrap_or(f64::NAN)
-            );
-            for (label, _, m) in ours.iter().filter(|(_, b, _)| *b as u64 == pl) {
-                println!("  ours {label:>10} / llama.cpp: {:.2}x", m / tg);
+        let (Some(pl), Some(tg)) = (v["pl"].as_u64(), v["speed_tg"].as_f64()) else {
+            continue;
+        };
+        if let Some(bi) = args.batch.iter().position(|&b| b as u64 == pl) {
+            seen[bi] = true;
+            if timed {
+                l.tg[bi].push(tg);
+                l.pp[bi].push(v["speed_pp"].as_f64().unwrap_or(f64::NAN));
             }
         }
+    }
+    if let Some(bi) = seen.iter().position(|s| !s) {
+        bail!(
+            "{} printed no result for batch {}",
+            l.exe.display(),
+            args.batch[bi]
+        );
     }
     Ok(())
 }
 
-/// Median time of one cached pass over `n` new tokens after a prompt of `--prompt-len`
-/// tokens (batch 1; the cache rolled back after each pass), for `n = 1` and each `--verify`.
-fn verification_passes(model: &Llama, args: &Args, label: &str) -> Result<()> {
-    let vocab = model.config().vocab_size as u64;
-    let rows = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab);
-    let (prompt, extra) = rows[0].split_at(args.prompt_len);
-    let mut cache = model.new_cache();
-    let options = ForwardOptions::default();
-    model.forward_cached(&TokenBatch::single(prompt), &mut cache, &options)?;
-    let base = cache.real_lengths()[0];
-    let mut time = |n: usize| -> Result<f64> {
-        let fed = &extra[..n];
-        let mut times = Vec::new();
-        for _ in 0..args.repeats.max(1) * 4 + 1 {
-            let t = Instant::now();
-            let out = model.forward_cached(&TokenBatch::single(fed), &mut cache, &options)?;
-            kd_model::generate::to_host(out.into_logits()?);
-            times.push(t.elapsed().as_secs_f64());
-            cache.truncate(&[base])?;
+/// The median of `v` with its range, as `m (lo–hi)`.
+fn spread(v: &[f64], digits: usize) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:.digits$} ({lo:.digits$}–{hi:.digits$})",
+        median(v.to_vec())
+    )
+}
+
+/// Round by round `a[i] / b[i]`: the median and range of the ratios.
+fn paired(a: &[f64], b: &[f64]) -> String {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    format!("{}x", spread(&ratios, 2))
+}
+
+fn report(paths: &[Path], llama: Option<&LlamaCpp>, args: &Args) {
+    let rounds = args.repeats;
+    for (bi, b) in args.batch.iter().enumerate() {
+        for p in paths {
+            println!(
+                "ours {:>10} batch {b}: {} tokens/s (decode after the prompt; median and range of \
+                 {rounds} rounds); prompt {:.1} tokens/s (prefill and the first token)",
+                p.label,
+                spread(&p.speeds[bi], 1),
+                median(p.prefills[bi].clone())
+            );
         }
-        times.remove(0); // warm-up
-        Ok(median(times))
-    };
-    let one = time(1)?;
-    println!(
-        "ours {label:>10} pass over 1 new token: {:.2} ms",
-        one * 1e3
-    );
-    for &n in &args.verify {
-        let t = time(n)?;
-        println!(
-            "ours {label:>10} pass over {n} new tokens: {:.2} ms ({:.2}x the 1-token pass)",
-            t * 1e3,
-            t / one
-        );
+        if let Some(l) = llama {
+            println!(
+                "llama.cpp  batch {b}: {} tokens/s (S_TG, {} threads); prompt {:.1} tokens/s (S_PP)",
+                spread(&l.tg[bi], 1),
+                args.threads,
+                median(l.pp[bi].clone())
+            );
+        }
+        // Paired within rounds: each path against the first, and against llama.cpp.
+        for p in paths.iter().skip(1) {
+            println!(
+                "  batch {b}, paired by round: {} / {}: {}",
+                p.label,
+                paths[0].label,
+                paired(&p.speeds[bi], &paths[0].speeds[bi])
+            );
+        }
+        if let Some(l) = llama {
+            for p in paths.iter().filter(|p| p.label != "f32") {
+                println!(
+                    "  batch {b}, paired by round: ours {} / llama.cpp: {}",
+                    p.label,
+                    paired(&p.speeds[bi], &l.tg[bi])
+                );
+            }
+        }
     }
-    Ok(())
+    if args.verify.is_empty() {
+        return;
+    }
+    for p in paths {
+        println!(
+            "ours {:>10} pass over 1 new token: {} ms",
+            p.label,
+            spread(&ms(&p.passes[0]), 2)
+        );
+        for (k, n) in args.verify.iter().enumerate() {
+            println!(
+                "ours {:>10} pass over {n} new tokens: {} ms ({} the 1-token pass, paired by round)",
+                p.label,
+                spread(&ms(&p.passes[k + 1]), 2),
+                paired(&p.passes[k + 1], &p.passes[0])
+            );
+        }
+    }
+    for p in paths.iter().skip(1) {
+        for (k, n) in std::iter::once(1)
+            .chain(args.verify.iter().copied())
+            .enumerate()
+        {
+            println!(
+                "  a pass over {n} new tokens, paired by round: time of {} / time of {}: {}",
+                p.label,
+                paths[0].label,
+                paired(&p.passes[k], &paths[0].passes[k])
+            );
+        }
+    }
+}
+
+/// Seconds to milliseconds.
+fn ms(v: &[f64]) -> Vec<f64> {
+    v.iter().map(|s| s * 1e3).collect()
 }
