@@ -346,12 +346,12 @@ fn llama_round(l: &mut LlamaCpp, args: &Args, timed: bool) -> Result<()> {
     Ok(())
 }
 
-/// The median of `v` with its range, as `m (lo–hi)`.
-fn spread(v: &[f64], digits: usize) -> String {
+/// The median of `v` with its range, as `m (lo–hi)`, or `mx (lo–hi)` with `unit` "x".
+fn spread(v: &[f64], digits: usize, unit: &str) -> String {
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     format!(
-        "{:.digits$} ({lo:.digits$}–{hi:.digits$})",
+        "{:.digits$}{unit} ({lo:.digits$}–{hi:.digits$})",
         median(v.to_vec())
     )
 }
@@ -359,7 +359,7 @@ fn spread(v: &[f64], digits: usize) -> String {
 /// Round by round `a[i] / b[i]`: the median and range of the ratios.
 fn paired(a: &[f64], b: &[f64]) -> String {
     let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-    format!("{}x", spread(&ratios, 2))
+    spread(&ratios, 2, "x")
 }
 
 fn report(paths: &[Path], llama: Option<&LlamaCpp>, args: &Args) {
@@ -370,14 +370,14 @@ fn report(paths: &[Path], llama: Option<&LlamaCpp>, args: &Args) {
                 "ours {:>10} batch {b}: {} tokens/s (decode after the prompt; median and range of \
                  {rounds} rounds); prompt {:.1} tokens/s (prefill and the first token)",
                 p.label,
-                spread(&p.speeds[bi], 1),
+                spread(&p.speeds[bi], 1, ""),
                 median(p.prefills[bi].clone())
             );
         }
         if let Some(l) = llama {
             println!(
                 "llama.cpp  batch {b}: {} tokens/s (S_TG, {} threads); prompt {:.1} tokens/s (S_PP)",
-                spread(&l.tg[bi], 1),
+                spread(&l.tg[bi], 1, ""),
                 args.threads,
                 median(l.pp[bi].clone())
             );
@@ -408,13 +408,13 @@ fn report(paths: &[Path], llama: Option<&LlamaCpp>, args: &Args) {
         println!(
             "ours {:>10} pass over 1 new token: {} ms",
             p.label,
-            spread(&ms(&p.passes[0]), 2)
+            spread(&ms(&p.passes[0]), 2, "")
         );
         for (k, n) in args.verify.iter().enumerate() {
             println!(
                 "ours {:>10} pass over {n} new tokens: {} ms ({} the 1-token pass, paired by round)",
                 p.label,
-                spread(&ms(&p.passes[k + 1]), 2),
+                spread(&ms(&p.passes[k + 1]), 2, ""),
                 paired(&p.passes[k + 1], &p.passes[0])
             );
         }
@@ -425,7 +425,8 @@ fn report(paths: &[Path], llama: Option<&LlamaCpp>, args: &Args) {
             .enumerate()
         {
             println!(
-                "  a pass over {n} new tokens, paired by round: time of {} / time of {}: {}",
+                "  a pass over {n} new token{}, paired by round: time of {} / time of {}: {}",
+                if n == 1 { "" } else { "s" },
                 p.label,
                 paths[0].label,
                 paired(&p.passes[k], &paths[0].passes[k])
