@@ -87,8 +87,8 @@ struct Path {
     prefills: Vec<Vec<f64>>,
     /// Per pass length (1, then `--verify`): per timed round, the median of its passes (s).
     passes: Vec<Vec<f64>>,
-    /// The cache after the verification prompt, rolled back after each pass.
-    cache: Option<(KvCache, i64)>,
+    /// With `--verify`: the cache after the verification prompt.
+    verification: Option<Verification>,
 }
 
 /// llama.cpp's rounds: per batch size, `S_TG` and `S_PP` of each timed round.
@@ -161,10 +161,10 @@ fn main() -> Result<()> {
                 _ => "the blocks with 8-bit activations, integer dot products",
             }
         );
-        let cache = if args.verify.is_empty() {
+        let verification = if args.verify.is_empty() {
             None
         } else {
-            Some(verification_cache(&model, &args)?)
+            Some(Verification::new(&model, &args)?)
         };
         paths.push(Path {
             label,
@@ -172,7 +172,7 @@ fn main() -> Result<()> {
             speeds: vec![Vec::new(); args.batch.len()],
             prefills: vec![Vec::new(); args.batch.len()],
             passes: vec![Vec::new(); args.verify.len() + 1],
-            cache,
+            verification,
         });
     }
     let mut llama = match (&args.llama_cpp_bin, args.keep_layers) {
@@ -183,16 +183,13 @@ fn main() -> Result<()> {
         }),
         _ => None,
     };
-    let prompts: Vec<Vec<Vec<u32>>> = args
-        .batch
-        .iter()
-        .map(|&b| {
-            let vocab = paths
-                .first()
-                .map_or(2, |p| p.model.config().vocab_size as u64);
-            // Skip the 17 control tokens at the start of the vocabulary.
-            kd_benches::random_prompts(b, args.prompt_len, 17, vocab)
-        })
+    let Some(first) = paths.first() else {
+        bail!("--paths: no path to run");
+    };
+    let vocab = first.model.config().vocab_size as u64;
+    // Skip the 17 control tokens at the start of the vocabulary.
+    let prompts: Vec<Vec<Vec<u32>>> = (args.batch.iter())
+        .map(|&b| kd_benches::random_prompts(b, args.prompt_len, 17, vocab))
         .collect();
 
     // Round 0 warms every path up and is not recorded; odd rounds run the paths in reverse.
@@ -257,12 +254,9 @@ fn path_round(path: &mut Path, args: &Args, prompts: &[Vec<Vec<u32>>], timed: bo
             path.prefills[bi].push((args.prompt_len * rows.len()) as f64 / t.prefill.as_secs_f64());
         }
     }
-    let Some((cache, base)) = path.cache.as_mut() else {
+    let Some(Verification { cache, base, extra }) = path.verification.as_mut() else {
         return Ok(());
     };
-    let vocab = path.model.config().vocab_size as u64;
-    let extra = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab)[0]
-        .split_off(args.prompt_len);
     let options = ForwardOptions::default();
     for (k, n) in std::iter::once(1)
         .chain(args.verify.iter().copied())
@@ -285,19 +279,28 @@ fn path_round(path: &mut Path, args: &Args, prompts: &[Vec<Vec<u32>>], timed: bo
     Ok(())
 }
 
-/// A cache holding the verification passes' prompt, and its length (what each pass rolls
-/// back to).
-fn verification_cache(model: &Llama, args: &Args) -> Result<(KvCache, i64)> {
-    let vocab = model.config().vocab_size as u64;
-    let rows = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab);
-    let mut cache = model.new_cache();
-    model.forward_cached(
-        &TokenBatch::single(&rows[0][..args.prompt_len]),
-        &mut cache,
-        &ForwardOptions::default(),
-    )?;
-    let base = cache.real_lengths()[0];
-    Ok((cache, base))
+/// What the verification passes of a path read: a cache holding their prompt, its length
+/// (what each pass rolls back to), and the tokens the passes feed.
+struct Verification {
+    cache: KvCache,
+    base: i64,
+    extra: Vec<u32>,
+}
+
+impl Verification {
+    fn new(model: &Llama, args: &Args) -> Result<Self> {
+        let vocab = model.config().vocab_size as u64;
+        let mut row = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab).remove(0);
+        let extra = row.split_off(args.prompt_len);
+        let mut cache = model.new_cache();
+        model.forward_cached(
+            &TokenBatch::single(&row),
+            &mut cache,
+            &ForwardOptions::default(),
+        )?;
+        let base = cache.real_lengths()[0];
+        Ok(Self { cache, base, extra })
+    }
 }
 
 /// One run of `llama-batched-bench` over every batch size: its `S_TG` and `S_PP`.
