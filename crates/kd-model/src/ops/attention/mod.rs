@@ -27,6 +27,8 @@ use rayon::prelude::*;
 
 use super::shape;
 use crate::error::{ModelError, Result};
+#[cfg(target_arch = "x86_64")]
+use crate::packed::group::prefetch_ahead;
 
 /// Cached keys from which a short pass with few K/V heads cuts its queries evenly across the
 /// threads rather than one task per head. Measured on SmolLM2 (three K/V heads, two cores),
@@ -401,6 +403,7 @@ unsafe fn scores_avx512(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32])
     let qt = padded(&q[full * DOT_LANES..]);
     for (j, s) in scores.iter_mut().enumerate() {
         let k = &keys[j * d..][..d];
+        prefetch_ahead(k);
         // SAFETY: chunks c < full lie within q and k (d values each); the tail is padded.
         unsafe {
             let mut acc = _mm512_setzero_ps();
@@ -434,23 +437,32 @@ unsafe fn scores_avx2(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
     let d = q.len();
     let (full, rem) = (d / DOT_LANES, d % DOT_LANES);
     let qt = padded(&q[full * DOT_LANES..]);
+    // One chunk of sixteen lanes into the two running sums.
+    #[inline(always)]
+    unsafe fn chunk(x: *const f32, y: *const f32, lo: &mut __m256, hi: &mut __m256) {
+        // SAFETY: the caller's x and y hold sixteen values each.
+        unsafe {
+            *lo = _mm256_add_ps(*lo, _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(y)));
+            *hi = _mm256_add_ps(
+                *hi,
+                _mm256_mul_ps(_mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(y.add(8))),
+            );
+        }
+    }
     for (j, s) in scores.iter_mut().enumerate() {
         let k = &keys[j * d..][..d];
-        // SAFETY: as for AVX-512, eight lanes at a time.
+        prefetch_ahead(k);
+        // SAFETY: as for AVX-512, eight lanes at a time: chunks c < full lie within q and k,
+        // and the ragged tail (the last chunk, as there) is padded.
         unsafe {
-            let kt = padded(&k[full * DOT_LANES..]);
             let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            for c in 0..full + usize::from(rem > 0) {
-                let (x, y) = if c < full {
-                    (q.as_ptr().add(c * DOT_LANES), k.as_ptr().add(c * DOT_LANES))
-                } else {
-                    (qt.as_ptr(), kt.as_ptr())
-                };
-                lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(y)));
-                hi = _mm256_add_ps(
-                    hi,
-                    _mm256_mul_ps(_mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(y.add(8))),
-                );
+            for c in 0..full {
+                let at = c * DOT_LANES;
+                chunk(q.as_ptr().add(at), k.as_ptr().add(at), &mut lo, &mut hi);
+            }
+            if rem > 0 {
+                let kt = padded(&k[full * DOT_LANES..]);
+                chunk(qt.as_ptr(), kt.as_ptr(), &mut lo, &mut hi);
             }
             *s = scale * reduce8(_mm256_add_ps(lo, hi));
         }
@@ -524,6 +536,7 @@ macro_rules! weighted_simd {
                     let mut acc: [$reg; G] = std::array::from_fn(|g| $load(at.add(g * $w)));
                     for (j, pj) in p.iter().enumerate() {
                         let (pv, row) = ($set1(*pj), values.as_ptr().add(j * d + c0));
+                        prefetch_ahead(std::slice::from_raw_parts(row, G * $w));
                         for (g, a) in acc.iter_mut().enumerate() {
                             *a = $add(*a, $mul(pv, $load(row.add(g * $w))));
                         }
