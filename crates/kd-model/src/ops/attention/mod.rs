@@ -516,11 +516,12 @@ fn weighted_into(simd: kd_kernels::cpu::SimdLevel, p: &[f32], values: &[f32], ou
 }
 
 /// `weighted_into`'s outputs in registers: `$group` outputs `c0..c0 + G · W` (`G` registers
-/// of `W` lanes: independent chains of additions) for `G` = 4 while they fit, then 1; returns
-/// the first output left to the caller's scalar loop.
+/// of `W` lanes: independent chains of additions) for `G` = `$wide` while they fit (64
+/// outputs, a whole head of 64 values, so that one sweep over the value rows reads each row
+/// whole), then 4, then 1; returns the first output left to the caller's scalar loop.
 #[cfg(target_arch = "x86_64")]
 macro_rules! weighted_simd {
-    ($name:ident, $features:literal, $w:expr, $reg:ty, $set1:ident, $load:ident, $store:ident, $add:ident, $mul:ident) => {
+    ($name:ident, $features:literal, $w:expr, $wide:expr, $reg:ty, $set1:ident, $load:ident, $store:ident, $add:ident, $mul:ident) => {
         /// # Safety
         /// The CPU has the features named; `values` holds `p.len()` rows of `out.len()`.
         #[target_feature(enable = $features)]
@@ -550,6 +551,10 @@ macro_rules! weighted_simd {
             let mut c0 = 0;
             // SAFETY: each group's outputs end within d.
             unsafe {
+                while c0 + $wide * $w <= d {
+                    group::<$wide>(p, values, out, c0);
+                    c0 += $wide * $w;
+                }
                 while c0 + 4 * $w <= d {
                     group::<4>(p, values, out, c0);
                     c0 += 4 * $w;
@@ -569,6 +574,7 @@ weighted_simd!(
     weighted_avx512,
     "avx512f",
     16,
+    4,
     __m512,
     _mm512_set1_ps,
     _mm512_loadu_ps,
@@ -580,6 +586,7 @@ weighted_simd!(
 weighted_simd!(
     weighted_avx2,
     "avx",
+    8,
     8,
     __m256,
     _mm256_set1_ps,
@@ -1013,12 +1020,13 @@ mod tests {
     }
 
     /// The weighted sums of values likewise: every level's bits are the scalar loop's, for
-    /// widths that fill four registers, one, or neither, and an output that already holds a
-    /// partial sum (consecutive tiles).
+    /// widths that fill the wide group (64 outputs), the wide group and four registers (96),
+    /// four registers, one, or neither, and an output that already holds a partial sum
+    /// (consecutive tiles).
     #[test]
     fn weighted_sums_have_the_same_bits_at_every_level() {
         let levels = simd_levels();
-        for d in [64, 128, 16, 24, 72, 7] {
+        for d in [64, 128, 96, 40, 16, 24, 72, 7] {
             for n in [1, 5, 64] {
                 let (p, v) = (values(n, n as u64 + 7), values(n * d, (n * 31 + d) as u64));
                 let start = values(d, d as u64 + 99);
