@@ -91,6 +91,9 @@ struct Path {
     verification: Option<Verification>,
 }
 
+/// Token ids the random prompts skip: the control tokens at the start of SmolLM2's vocabulary.
+const CONTROL_TOKENS: u64 = 17;
+
 /// llama.cpp's rounds: per batch size, `S_TG` and `S_PP` of each timed round.
 struct LlamaCpp {
     exe: PathBuf,
@@ -187,9 +190,10 @@ fn main() -> Result<()> {
         bail!("--paths: no path to run");
     };
     let vocab = first.model.config().vocab_size as u64;
-    // Skip the 17 control tokens at the start of the vocabulary.
-    let prompts: Vec<Vec<Vec<u32>>> = (args.batch.iter())
-        .map(|&b| kd_benches::random_prompts(b, args.prompt_len, 17, vocab))
+    let prompts: Vec<Vec<Vec<u32>>> = args
+        .batch
+        .iter()
+        .map(|&b| kd_benches::random_prompts(b, args.prompt_len, CONTROL_TOKENS, vocab))
         .collect();
 
     // Round 0 warms every path up and is not recorded; odd rounds run the paths in reverse.
@@ -290,7 +294,8 @@ struct Verification {
 impl Verification {
     fn new(model: &Llama, args: &Args) -> Result<Self> {
         let vocab = model.config().vocab_size as u64;
-        let mut row = kd_benches::random_prompts(1, args.prompt_len + 16, 17, vocab).remove(0);
+        let mut row =
+            kd_benches::random_prompts(1, args.prompt_len + 16, CONTROL_TOKENS, vocab).remove(0);
         let extra = row.split_off(args.prompt_len);
         let mut cache = model.new_cache();
         model.forward_cached(
