@@ -548,6 +548,7 @@ fn train_draft(
         Eagle3Config::for_target(tc, vocab.len())?,
         vocab,
         target.embed_tokens.weight.val(),
+        args.seed,
         &device,
     )?;
     let mut cache = TargetCache::new(args.target_cache_mb.saturating_mul(1 << 20));

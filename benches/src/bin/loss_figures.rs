@@ -192,7 +192,7 @@ fn run_one(args: &Args, objective: &str) -> Result<Value> {
         let hs =
             Tensor::<2>::random([n, 2048], Distribution::Normal(0.0, 1.0), &device).require_grad();
         let ht = Tensor::<2>::random([n, 4096], Distribution::Normal(0.0, 1.0), &plain);
-        let proj = HiddenProjection::new(2048, 4096, &device);
+        let proj = HiddenProjection::new(2048, 4096, 0, &device);
         let step = || {
             let loss = hidden_mse(hs.clone(), ht.clone(), Some(&proj), &mask, count)
                 .expect("valid shapes");

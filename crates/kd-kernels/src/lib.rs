@@ -9,6 +9,8 @@
 //!   kernel body for AVX-512, AVX2/FMA and the baseline target;
 //! - [`testing`]: re-runs a test binary's kernel cases at every lower level;
 //! - [`f32_view`]: the f32 values of a CPU (`flex`) tensor, borrowed when contiguous;
+//! - [`SeededDraws`]: initial weights from a seed of their own, the values Burn's CPU backend
+//!   draws after `device.seed(seed)` without its process-wide generator;
 //! - [`on_pool`]: runs work with many small parallel operations on a worker of rayon's pool;
 //!   [`keep_awake`] does so with the pool's other workers polling for work until it returns
 //!   (decoding);
@@ -37,6 +39,8 @@
 #![warn(missing_docs)]
 
 pub mod cpu;
+#[cfg(feature = "flex")]
+mod draws;
 mod error;
 mod fs;
 #[cfg(feature = "gemm")]
@@ -47,6 +51,8 @@ pub mod testing;
 #[cfg(feature = "flex")]
 mod view;
 
+#[cfg(feature = "flex")]
+pub use draws::SeededDraws;
 pub use error::KernelError;
 pub use fs::write_atomic;
 pub use pool::{keep_awake, on_pool};

@@ -2,8 +2,8 @@
 //! 2048-wide states to Llama-3.1-8B's 4096).
 
 use burn::module::Module;
-use burn::nn::{Initializer, Linear, LinearConfig};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::nn::Linear;
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
 
 use crate::error::{LossError, Result};
 
@@ -16,13 +16,23 @@ pub struct HiddenProjection {
 }
 
 impl HiddenProjection {
-    /// A freshly initialised projection (Xavier-uniform, gain 1).
-    pub fn new(d_student: usize, d_teacher: usize, device: &Device) -> Self {
-        let proj = LinearConfig::new(d_student, d_teacher)
-            .with_bias(false)
-            .with_initializer(Initializer::XavierUniform { gain: 1.0 })
-            .init(device);
-        Self { proj }
+    /// A freshly initialised projection: Xavier-uniform, gain 1 (U(−a, a), a = √(6 / (d_S +
+    /// d_T)), as Burn's `Initializer::XavierUniform` draws), drawn from `seed` alone
+    /// ([`kd_kernels::SeededDraws`]: on the CPU, the values `device.seed(seed)` and the
+    /// backend's `Tensor::random` would give, without that process-wide generator).
+    pub fn new(d_student: usize, d_teacher: usize, seed: u64, device: &Device) -> Self {
+        let a = 3f64.sqrt() * (2.0 / (d_student + d_teacher) as f64).sqrt();
+        let weight = kd_kernels::SeededDraws::new(seed).tensor(
+            [d_student, d_teacher],
+            Distribution::Uniform(-a, a),
+            device,
+        );
+        Self {
+            proj: Linear {
+                weight: burn::module::Param::from_tensor(weight),
+                bias: None,
+            },
+        }
     }
 
     /// A projection from a PyTorch-layout weight `[d_T, d_S]` (row-major values).

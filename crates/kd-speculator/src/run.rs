@@ -338,8 +338,8 @@ fn init_draft(
                 .unwrap_or(0);
             let ds = draft.config().hidden_size;
             (ds != dt).then(|| {
-                setup.draft_device.seed(derive_seed(config.seed, &[0x9A0]));
-                HiddenProjection::new(ds, dt, &setup.draft_device)
+                let seed = derive_seed(config.seed, &[0x9A0]);
+                HiddenProjection::new(ds, dt, seed, &setup.draft_device)
             })
         }
         _ => None,

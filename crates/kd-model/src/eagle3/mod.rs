@@ -229,11 +229,15 @@ impl Eagle3Draft {
 
     /// A fresh draft for training: projections drawn from N(0, 0.02²) (transformers' Llama
     /// initialisation, which SpecForge keeps), norms at one; `embedding` is the target's
-    /// `[target_vocab, d]`, frozen. Seed the device first for a reproducible draw.
+    /// `[target_vocab, d]`, frozen. The projections are drawn from `seed` alone
+    /// ([`kd_kernels::SeededDraws`]: on the CPU, the values `device.seed(seed)` and the
+    /// backend's `Tensor::random` would give, without that process-wide generator), so the
+    /// same seed gives the same draft whatever else the process draws meanwhile.
     pub fn new(
         config: Eagle3Config,
         vocab: DraftVocab,
         embedding: Tensor<2>,
+        seed: u64,
         device: &Device,
     ) -> Result<Self> {
         let c = &config.llama;
@@ -259,11 +263,13 @@ impl Eagle3Draft {
         );
         let inter = c.intermediate_size;
         let dv = config.draft_vocab_size;
-        let linear = |input: usize, out: usize| {
-            Param::from_tensor(Tensor::<2>::random(
+        let mut draws = kd_kernels::SeededDraws::new(seed);
+        // Drawn in the order of the fields below.
+        let mut linear = |input: usize, out: usize| {
+            Param::from_tensor(draws.tensor(
                 [input, out],
                 burn::tensor::Distribution::Normal(0.0, 0.02),
-                (device, DType::F32),
+                device,
             ))
         };
         let ones = || Param::from_tensor(Tensor::<1>::ones([d], (device, DType::F32)));

@@ -452,8 +452,8 @@ fn draft_over_tiny_gguf(dir: &std::path::Path, aux: [usize; 3]) -> Eagle3Draft {
     config.aux_layers = Some(aux);
     let counts: Vec<u64> = (0..1024u64).map(|i| (i * 7919) % 101).collect();
     let vocab = DraftVocab::from_counts(&counts, 64).unwrap();
-    device.seed(7);
-    let draft = Eagle3Draft::new(config, vocab, target.embed_tokens.weight.val(), &device).unwrap();
+    let draft =
+        Eagle3Draft::new(config, vocab, target.embed_tokens.weight.val(), 7, &device).unwrap();
     draft.save(dir).unwrap();
     draft
 }
@@ -618,11 +618,11 @@ fn a_draft_head_started_from_the_target_gives_the_target_s_logits() {
     let vocab = DraftVocab::from_counts(&counts, 64).unwrap();
     let fresh = || {
         let config = kd_model::Eagle3Config::for_target(target.config(), 64).unwrap();
-        device.seed(7);
         Eagle3Draft::new(
             config,
             vocab.clone(),
             target.embed_tokens.weight.val(),
+            7,
             &device,
         )
         .unwrap()
@@ -667,6 +667,7 @@ fn a_draft_head_started_from_the_target_gives_the_target_s_logits() {
         config,
         DraftVocab::from_counts(&counts, 64).unwrap(),
         Tensor::<2>::zeros([2048, 96], (&device, DType::F32)),
+        9,
         &device,
     )
     .unwrap();

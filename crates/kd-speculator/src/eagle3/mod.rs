@@ -657,8 +657,8 @@ pub(crate) fn train_eagle3(
             if let Some(width) = config.draft_intermediate_size {
                 draft_config.llama.intermediate_size = width;
             }
-            device.seed(derive_seed(config.seed, &[0xEA3]));
-            let draft = Eagle3Draft::new(draft_config, vocab, embedding.clone(), device)?;
+            let seed = derive_seed(config.seed, &[0xEA3]);
+            let draft = Eagle3Draft::new(draft_config, vocab, embedding.clone(), seed, device)?;
             match config.draft_head_init {
                 DraftHeadInit::Random => draft,
                 DraftHeadInit::Target => draft.with_target_head(target)?,
@@ -850,6 +850,7 @@ mod tests {
             Eagle3Config::for_target(&tc, vocab.len()).unwrap(),
             vocab,
             target.embed_tokens.weight.val(),
+            0,
             &device,
         )
         .unwrap();

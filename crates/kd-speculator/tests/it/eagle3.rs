@@ -68,11 +68,11 @@ impl DemoSetup {
 
     /// A fresh draft over the setup's vocabulary, initialised from `seed`.
     fn draft(&self, seed: u64) -> Eagle3Draft {
-        self.device.seed(seed);
         Eagle3Draft::new(
             Eagle3Config::for_target(self.target.config(), self.vocab.len()).unwrap(),
             self.vocab.clone(),
             self.target.embed_tokens.weight.val(),
+            seed,
             &self.device,
         )
         .unwrap()
@@ -404,7 +404,7 @@ fn train_and_decode(target_dir: &str, epochs: usize, ratio: f64) {
     let vocab = draft_vocab_from_examples(&examples, tc.vocab_size, 64).unwrap();
     let config = Eagle3Config::for_target(&tc, 64).unwrap();
     let embedding = target.embed_tokens.weight.val();
-    let draft = Eagle3Draft::new(config, vocab, embedding.clone(), &device).unwrap();
+    let draft = Eagle3Draft::new(config, vocab, embedding.clone(), 7, &device).unwrap();
     let layers = default_feature_layers(tc.num_hidden_layers);
     let loss = Eagle3Loss {
         target: &target,
@@ -514,6 +514,7 @@ fn cached_decoding_matches_the_ttt_step() {
         Eagle3Config::for_target(&tc, 32).unwrap(),
         vocab,
         target.embed_tokens.weight.val(),
+        3,
         &device,
     )
     .unwrap();
