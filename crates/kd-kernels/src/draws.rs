@@ -56,19 +56,21 @@ mod tests {
 
     const SHAPES: [[usize; 2]; 3] = [[7, 5], [3, 11], [16, 4]];
 
+    /// The distribution of draw `i`: normal, then uniform, then normal again.
+    fn distribution(i: usize) -> Distribution {
+        if i == 1 {
+            Distribution::Uniform(-0.3, 0.3)
+        } else {
+            Distribution::Normal(0.0, 0.02)
+        }
+    }
+
     fn draws(seed: u64, device: &Device) -> Vec<Vec<u32>> {
         let mut rng = SeededDraws::new(seed);
         SHAPES
             .iter()
             .enumerate()
-            .map(|(i, &s)| {
-                let dist = if i == 1 {
-                    Distribution::Uniform(-0.3, 0.3)
-                } else {
-                    Distribution::Normal(0.0, 0.02)
-                };
-                bits(rng.tensor(s, dist, device))
-            })
+            .map(|(i, &s)| bits(rng.tensor(s, distribution(i), device)))
             .collect()
     }
 
@@ -83,12 +85,11 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                let dist = if i == 1 {
-                    Distribution::Uniform(-0.3, 0.3)
-                } else {
-                    Distribution::Normal(0.0, 0.02)
-                };
-                bits(Tensor::<2>::random(s, dist, (&device, DType::F32)))
+                bits(Tensor::<2>::random(
+                    s,
+                    distribution(i),
+                    (&device, DType::F32),
+                ))
             })
             .collect();
         assert_eq!(draws(42, &device), shared);
@@ -96,7 +97,7 @@ mod tests {
 
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         let (stop, noise) = (AtomicBool::new(false), AtomicU64::new(0));
-        std::thread::scope(|scope| {
+        let runs: Vec<Vec<Vec<Vec<u32>>>> = std::thread::scope(|scope| {
             scope.spawn(|| {
                 let device = Device::flex();
                 while !stop.load(Ordering::Relaxed) {
@@ -111,12 +112,16 @@ mod tests {
             let runs: Vec<_> = (0..2)
                 .map(|_| scope.spawn(|| (0..50).map(|_| draws(42, &device)).collect::<Vec<_>>()))
                 .collect();
-            for run in runs {
-                for d in run.join().unwrap() {
-                    assert_eq!(d, shared);
-                }
-            }
+            let joined: Vec<_> = runs.into_iter().map(|r| r.join()).collect();
+            // Stopped before any assertion, so that a failure ends the test.
             stop.store(true, Ordering::Relaxed);
+            joined
+                .into_iter()
+                .map(|r| r.expect("a drawing thread panicked"))
+                .collect()
         });
+        for d in runs.into_iter().flatten() {
+            assert_eq!(d, shared);
+        }
     }
 }
