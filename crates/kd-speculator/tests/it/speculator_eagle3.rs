@@ -1,8 +1,9 @@
 //! `--draft_method eagle3` on the bundled demo target: an EAGLE-3 head is trained on the
 //! target's completions, acceptance rises from the untrained head's, greedy speculative
 //! decoding keeps the target's output, checkpoints are SpecForge draft directories that
-//! `speculator eval` takes, a resumed run ends with the bytes of an uninterrupted one, and the
-//! settings that cannot apply are refused by name.
+//! `speculator eval` takes, a resumed run ends with the bytes of an uninterrupted one, the
+//! settings that cannot apply are refused by name, and a run (EAGLE-3 or LoRA) draws nothing
+//! from the random generator that the whole process shares.
 
 use std::path::Path;
 
@@ -637,4 +638,73 @@ fn smollm2_with_8_bit_activations_runs_the_eagle3_pipeline() {
         std::fs::read_to_string(out.join("teacher_cache/generations/manifest.json")).unwrap();
     let suffix = if amx { "+int8-amx" } else { "+int8" };
     assert!(manifest.contains(&format!("{suffix}\"")), "{manifest}");
+}
+
+/// Runs `f` while another thread keeps reseeding Burn's CPU generator (one for the whole
+/// process) and drawing from it.
+fn beside_other_draws<R>(f: impl FnOnce() -> R) -> R {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    /// Stops the other thread when `f` returns or panics.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let (stop, draws) = (AtomicBool::new(false), AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let device = burn::tensor::Device::flex();
+            while !stop.load(Ordering::Relaxed) {
+                device.seed(draws.fetch_add(1, Ordering::Relaxed));
+                let _ = burn::tensor::Tensor::<2>::random(
+                    [16, 16],
+                    burn::tensor::Distribution::Default,
+                    &device,
+                );
+            }
+        });
+        while draws.load(Ordering::Relaxed) == 0 {
+            std::hint::spin_loop();
+        }
+        let _stop = Stop(&stop);
+        f()
+    })
+}
+
+/// A run draws nothing from Burn's CPU generator, which every thread of the process shares
+/// (other tests here seed it and draw): an EAGLE-3 run (a fresh head) and a LoRA run with the
+/// hidden-state projection each end with the same checkpoint bytes while another thread keeps
+/// reseeding that generator and drawing from it.
+#[test]
+fn runs_draw_nothing_from_the_process_wide_generator() {
+    let dir = tempfile::tempdir().unwrap();
+    let same_beside = |name: &str, make: &dyn Fn(&Path) -> SpeculatorConfig, files: &[&str]| {
+        let at = |run: &str| SpeculatorConfig {
+            num_epochs: 1,
+            max_samples: Some(40),
+            eval_fraction: 0.0,
+            ..make(&dir.path().join(format!("{name}-{run}")))
+        };
+        let alone = at("alone");
+        run(&alone, &mut Phases::default()).unwrap();
+        let beside = at("beside");
+        beside_other_draws(|| run(&beside, &mut Phases::default())).unwrap();
+        for f in files {
+            let bytes = |c: &SpeculatorConfig| {
+                std::fs::read(c.output_dir.join("checkpoint-epoch-0").join(f)).unwrap()
+            };
+            assert!(bytes(&alone) == bytes(&beside), "{name}: {f} differs");
+        }
+    };
+    same_beside("eagle3", &small_eagle3, &["model.safetensors"]);
+    same_beside(
+        "lora",
+        &|out| SpeculatorConfig {
+            use_distillation: true,
+            kd_weight: 0.5,
+            ..small(out)
+        },
+        &["adapter_model.safetensors", "projection.safetensors"],
+    );
 }
