@@ -95,30 +95,17 @@ mod tests {
         assert_eq!(draws(42, &device), shared);
         assert_ne!(draws(43, &device), shared);
 
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-        let (stop, noise) = (AtomicBool::new(false), AtomicU64::new(0));
-        let runs: Vec<Vec<Vec<Vec<u32>>>> = std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let device = Device::flex();
-                while !stop.load(Ordering::Relaxed) {
-                    device.seed(noise.fetch_add(1, Ordering::Relaxed));
-                    let _ = Tensor::<2>::random([8, 8], Distribution::Default, &device);
-                }
-            });
-            // The other thread draws before and while these do.
-            while noise.load(Ordering::Relaxed) == 0 {
-                std::hint::spin_loop();
-            }
-            let runs: Vec<_> = (0..2)
-                .map(|_| scope.spawn(|| (0..50).map(|_| draws(42, &device)).collect::<Vec<_>>()))
-                .collect();
-            let joined: Vec<_> = runs.into_iter().map(|r| r.join()).collect();
-            // Stopped before any assertion, so that a failure ends the test.
-            stop.store(true, Ordering::Relaxed);
-            joined
-                .into_iter()
-                .map(|r| r.expect("a drawing thread panicked"))
-                .collect()
+        let runs: Vec<Vec<Vec<Vec<u32>>>> = crate::testing::beside_other_draws(|| {
+            std::thread::scope(|scope| {
+                let runs: Vec<_> = (0..2)
+                    .map(|_| {
+                        scope.spawn(|| (0..50).map(|_| draws(42, &device)).collect::<Vec<_>>())
+                    })
+                    .collect();
+                runs.into_iter()
+                    .map(|r| r.join().expect("a drawing thread panicked"))
+                    .collect()
+            })
         });
         for d in runs.into_iter().flatten() {
             assert_eq!(d, shared);

@@ -7,6 +7,10 @@
 //! per level below the one in use, with libtest filters that select the cases. An AVX-512
 //! machine thereby runs every case at AVX-512, AVX2 and scalar; an AVX2 machine at AVX2 and
 //! scalar.
+//!
+//! [`beside_other_draws`] runs work while another thread keeps reseeding Burn's CPU random
+//! generator (one for the whole process) and drawing from it: what draws from a seed of its
+//! own gives the same values.
 
 use std::process::Command;
 
@@ -84,4 +88,38 @@ pub fn assert_passes_at_lower_levels(filters: &[&str], skip: &[&str]) -> Vec<Sim
         );
     }
     runs.into_iter().map(|r| r.level).collect()
+}
+
+/// Runs `f` on this thread while another thread keeps reseeding Burn's CPU random generator
+/// (one for the whole process) and drawing from it; the other thread has drawn before `f`
+/// starts and stops when `f` returns or panics.
+#[cfg(feature = "flex")]
+pub fn beside_other_draws<R>(f: impl FnOnce() -> R) -> R {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    /// Stops the other thread when `f` returns or unwinds.
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let (stop, draws) = (AtomicBool::new(false), AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let device = burn::tensor::Device::flex();
+            while !stop.load(Ordering::Relaxed) {
+                device.seed(draws.fetch_add(1, Ordering::Relaxed));
+                let _ = burn::tensor::Tensor::<2>::random(
+                    [16, 16],
+                    burn::tensor::Distribution::Default,
+                    &device,
+                );
+            }
+        });
+        let _stop = Stop(&stop);
+        while draws.load(Ordering::Relaxed) == 0 {
+            std::hint::spin_loop();
+        }
+        f()
+    })
 }

@@ -155,17 +155,15 @@ fn sampled_output_with_an_eagle3_draft_follows_the_target_distribution() {
     let target = model(2, 1, 12.0);
     let config = Eagle3Config::for_target(target.config(), V - 1).unwrap();
     let vocab = DraftVocab::from_counts(&[5, 4, 3, 2, 1], V - 1).unwrap();
-    let draft = {
-        Eagle3Draft::new(
-            config,
-            vocab,
-            target.embed_tokens.weight.val(),
-            5,
-            &Device::flex(),
-        )
-        .unwrap()
-        .map(&mut Scale(3.0))
-    };
+    let draft = Eagle3Draft::new(
+        config,
+        vocab,
+        target.embed_tokens.weight.val(),
+        5,
+        &Device::flex(),
+    )
+    .unwrap()
+    .map(&mut Scale(3.0));
     let drafter = Eagle3Drafter::new(&draft, [0, 1, 2]);
     let probs = exact(&target);
     let prompts = seeded_rows(5000);

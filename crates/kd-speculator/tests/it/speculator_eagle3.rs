@@ -640,38 +640,6 @@ fn smollm2_with_8_bit_activations_runs_the_eagle3_pipeline() {
     assert!(manifest.contains(&format!("{suffix}\"")), "{manifest}");
 }
 
-/// Runs `f` while another thread keeps reseeding Burn's CPU generator (one for the whole
-/// process) and drawing from it.
-fn beside_other_draws<R>(f: impl FnOnce() -> R) -> R {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    /// Stops the other thread when `f` returns or panics.
-    struct Stop<'a>(&'a AtomicBool);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Relaxed);
-        }
-    }
-    let (stop, draws) = (AtomicBool::new(false), AtomicU64::new(0));
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            let device = burn::tensor::Device::flex();
-            while !stop.load(Ordering::Relaxed) {
-                device.seed(draws.fetch_add(1, Ordering::Relaxed));
-                let _ = burn::tensor::Tensor::<2>::random(
-                    [16, 16],
-                    burn::tensor::Distribution::Default,
-                    &device,
-                );
-            }
-        });
-        while draws.load(Ordering::Relaxed) == 0 {
-            std::hint::spin_loop();
-        }
-        let _stop = Stop(&stop);
-        f()
-    })
-}
-
 /// A run draws nothing from Burn's CPU generator, which every thread of the process shares
 /// (other tests here seed it and draw): an EAGLE-3 run (a fresh head) and a LoRA run with the
 /// hidden-state projection each end with the same checkpoint bytes while another thread keeps
@@ -689,7 +657,7 @@ fn runs_draw_nothing_from_the_process_wide_generator() {
         let alone = at("alone");
         run(&alone, &mut Phases::default()).unwrap();
         let beside = at("beside");
-        beside_other_draws(|| run(&beside, &mut Phases::default())).unwrap();
+        kd_kernels::testing::beside_other_draws(|| run(&beside, &mut Phases::default())).unwrap();
         for f in files {
             let bytes = |c: &SpeculatorConfig| {
                 std::fs::read(c.output_dir.join("checkpoint-epoch-0").join(f)).unwrap()
