@@ -25,7 +25,10 @@ pub struct StepLoss {
 }
 
 /// How a micro-batch of model `M` becomes a loss (the pipelines implement it).
-pub trait StepLossFn<M = TrainModel> {
+///
+/// `Sync`, because the trainer runs each optimizer step on a worker of rayon's pool, and the
+/// step borrows the loss there.
+pub trait StepLossFn<M = TrainModel>: Sync {
     /// The loss of `batch` (examples `batch.examples` of the training set) normalised by
     /// `normalizer`, with dropout masks derived from `dropout_seed`.
     fn loss(

@@ -13,6 +13,7 @@ mod window;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use burn::tensor::Device;
 use kd_data::{BatchPlan, Example, plan_batches};
 use kd_dist::World;
 
@@ -313,14 +314,11 @@ impl<'s> Session<'s> {
             self.run.warmup,
             self.run.total_steps,
         );
-        let (model, mut outcome) = run_step(
-            &self.config,
-            (model, self.world),
-            &mut self.optimizer,
-            &micro,
-            loss,
-            (step, lr),
-        )?;
+        let (config, world, optimizer) = (&self.config, self.world, &mut self.optimizer);
+        let device = model.device();
+        let (model, mut outcome) = on_pool_for_steps(world, &device, || {
+            run_step(config, (model, world), optimizer, &micro, loss, (step, lr))
+        })?;
         let step_seconds = step_started.elapsed().as_secs_f64();
         self.summary.label_tokens += outcome.tokens;
         self.summary.step_seconds += step_seconds;
@@ -474,5 +472,21 @@ impl<'s> Session<'s> {
         self.summary.global_step = self.state.global_step;
         self.summary.skipped_steps = self.state.skipped_steps;
         self.summary
+    }
+}
+
+/// Runs an optimizer step's work (`f`) on a worker of rayon's pool, as decoding runs
+/// (`Llama::run_decoding`). A step is hundreds to thousands of short parallel operations;
+/// from a thread outside the pool each one hands its work over and sleeps until it is done,
+/// from a worker they fork and join inside the pool. On the CPU backend, when this is the
+/// only rank on its machine, the pool's other workers also poll for work instead of sleeping
+/// between operations ([`kd_kernels::keep_awake`]); ranks sharing a machine's cores would
+/// take them from each other by spinning, so there the workers sleep as before. Which thread
+/// runs a task never changes what it computes: the step's results are the same bits.
+fn on_pool_for_steps<R: Send>(world: &World, device: &Device, f: impl FnOnce() -> R + Send) -> R {
+    if world.local_size() == 1 && device.clone().without_autodiff() == Device::flex() {
+        kd_kernels::keep_awake(f)
+    } else {
+        kd_kernels::on_pool(f)
     }
 }
