@@ -365,3 +365,52 @@ fn unknown_config_keys_are_refused() {
             .contains("train_batch_size")
     );
 }
+
+/// A causal-LM loss that records the rayon worker each call ran on (`None`: a thread outside
+/// the pool).
+#[derive(Default)]
+struct Threads(std::sync::Mutex<Vec<Option<usize>>>);
+
+impl StepLossFn for Threads {
+    fn loss(
+        &self,
+        model: &TrainModel,
+        batch: &Batch,
+        normalizer: f32,
+        seed: u64,
+    ) -> kd_train::Result<StepLoss> {
+        self.0.lock().unwrap().push(rayon::current_thread_index());
+        CausalLmLoss { weight: 1.0 }.loss(model, batch, normalizer, seed)
+    }
+}
+
+#[test]
+fn steps_run_on_a_worker_of_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = TrainConfig {
+        num_epochs: 1,
+        save_steps: 0,
+        ..small_config(dir.path())
+    };
+    let loss = Threads::default();
+    assert_eq!(rayon::current_thread_index(), None, "the test's own thread");
+    let (_, summary) = train(
+        &config,
+        &run_info(),
+        lora_model(),
+        &examples(8),
+        &loss,
+        &mut NoopObserver,
+    )
+    .unwrap();
+    let threads = loss.0.into_inner().unwrap();
+    assert!(
+        threads.len() >= summary.global_step && summary.global_step > 0,
+        "{} steps, {threads:?}",
+        summary.global_step
+    );
+    assert!(
+        threads.iter().all(Option::is_some),
+        "a step's loss ran outside rayon's pool: {threads:?}"
+    );
+}
