@@ -475,16 +475,23 @@ impl<'s> Session<'s> {
     }
 }
 
-/// Runs an optimizer step's work (`f`) on a worker of rayon's pool, as decoding runs
-/// (`Llama::run_decoding`). A step is hundreds to thousands of short parallel operations;
-/// from a thread outside the pool each one hands its work over and sleeps until it is done,
-/// from a worker they fork and join inside the pool. On the CPU backend, when this is the
-/// only rank on its machine, the pool's other workers also poll for work instead of sleeping
-/// between operations ([`kd_kernels::keep_awake`]); ranks sharing a machine's cores would
-/// take them from each other by spinning, so there the workers sleep as before. Which thread
-/// runs a task never changes what it computes: the step's results are the same bits.
+/// Runs an optimizer step's work (`f`) on the CPU backend on a worker of rayon's pool, as
+/// decoding runs (`Llama::run_decoding`). A step is hundreds to thousands of short parallel
+/// operations; from a thread outside the pool each one hands its work over and sleeps until it
+/// is done, from a worker they fork and join inside the pool. When this is the only rank on
+/// its machine, the pool's other workers also poll for work instead of sleeping between
+/// operations ([`kd_kernels::keep_awake`]); ranks sharing a machine's cores would take them
+/// from each other by spinning, so there the workers sleep as before. Which thread runs a task
+/// never changes what it computes: the step's results are the same bits.
+///
+/// Other backends run `f` here, on the caller's thread. CubeCL queues work per thread: on
+/// wgpu, a model trained by steps on a pool worker and then read on the caller's thread did
+/// not match its own last checkpoint (the logits 1e-2 apart; within 1e-5 when every step
+/// runs on the caller's thread).
 fn on_pool_for_steps<R: Send>(world: &World, device: &Device, f: impl FnOnce() -> R + Send) -> R {
-    if world.local_size() == 1 && device.clone().without_autodiff() == Device::flex() {
+    if device.clone().without_autodiff() != Device::flex() {
+        f()
+    } else if world.local_size() == 1 {
         kd_kernels::keep_awake(f)
     } else {
         kd_kernels::on_pool(f)
