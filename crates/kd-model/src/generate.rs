@@ -8,9 +8,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{ForwardOptions, PaddingSide, TokenBatch};
+use crate::batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
 use crate::error::{ModelError, Result};
-use crate::model::Llama;
+use crate::model::{Llama, ModelOutput};
 use crate::sampling::{Sampling, choose, log_prob};
 
 /// New-token slots `generate` allocates up front per row (the KV cache grows beyond).
@@ -87,6 +87,96 @@ impl GenerateTimings {
     }
 }
 
+/// What the model computed at each position of a prompt and its completion while generating
+/// it ([`Llama::generate_captured`]): the decode loop's own hidden states and logits, kept
+/// instead of a second pass over the finished sequence. Position `t` is token `t` of prompt +
+/// completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapturedRow {
+    /// Positions: the prompt's tokens and the completion's.
+    pub len: usize,
+    /// The hidden states asked for at every position, `[len, layers · hidden]`: each
+    /// position's states in the order the layers were asked for, side by side.
+    pub hidden: Vec<f32>,
+    /// The first position whose logits the loop computed: the prompt's last (its pass
+    /// computes the logits of that position only). Every later position has them too: the
+    /// completion's last token, which no step feeds, runs through one more pass.
+    pub logits_from: usize,
+    /// The log-normaliser `ln Σ exp(logits)` of each position from
+    /// [`logits_from`](Self::logits_from) on (`len − logits_from` values).
+    pub log_z: Vec<f32>,
+    /// The argmax of the logits at those positions (the lowest id among equal maxima).
+    pub argmax: Vec<u32>,
+}
+
+impl CapturedRow {
+    fn new(len: usize, width: usize) -> Self {
+        Self {
+            len: 0,
+            hidden: Vec::with_capacity(len * width),
+            logits_from: 0,
+            log_z: Vec::new(),
+            argmax: Vec::new(),
+        }
+    }
+
+    /// Appends the log-normaliser and argmax of one position's logits.
+    fn push_logits(&mut self, logits: &[f32]) {
+        let (mut best, mut at) = (f32::NEG_INFINITY, 0usize);
+        for (i, &v) in logits.iter().enumerate() {
+            if v > best {
+                (best, at) = (v, i);
+            }
+        }
+        let sum: f64 = logits.iter().map(|&v| ((v - best) as f64).exp()).sum();
+        self.log_z.push(best + sum.ln() as f32);
+        self.argmax.push(at as u32);
+    }
+}
+
+/// The hidden states the decode loop keeps ([`Llama::generate_captured`]).
+struct Capture {
+    layers: Vec<usize>,
+    rows: Vec<CapturedRow>,
+}
+
+impl Capture {
+    /// The options of a pass that keeps these hidden states and the last position's logits.
+    fn options(&self) -> ForwardOptions {
+        ForwardOptions {
+            hidden_states: HiddenStates::Layers(self.layers.clone()),
+            ..ForwardOptions::last_positions(1)
+        }
+    }
+
+    /// Appends what a pass over `rows` (the captured rows its batch rows are, in order; the
+    /// real positions of each are its last `lens[i]`) computed: every real position's hidden
+    /// states, and the last position's logits (`[rows, vocab]`, on the host).
+    fn record(&mut self, out: &ModelOutput, rows: &[usize], lens: &[usize], logits: &[f32]) {
+        let [_, s, d] = out.hidden_states[0].1.dims();
+        let hidden: Vec<Vec<f32>> = out
+            .hidden_states
+            .iter()
+            .map(|(_, h)| to_host(h.clone()))
+            .collect();
+        let vocab = logits.len() / rows.len().max(1);
+        for (slot, (&r, &n)) in rows.iter().zip(lens).enumerate() {
+            let row = &mut self.rows[r];
+            for t in s - n..s {
+                let at = (slot * s + t) * d;
+                for layer in &hidden {
+                    row.hidden.extend_from_slice(&layer[at..at + d]);
+                }
+            }
+            if row.log_z.is_empty() {
+                row.logits_from = row.len + n - 1;
+            }
+            row.len += n;
+            row.push_logits(&logits[slot * vocab..(slot + 1) * vocab]);
+        }
+    }
+}
+
 /// A prompt and the seed of its sampling stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeededPrompt<'a> {
@@ -154,9 +244,55 @@ impl Llama {
         // The whole loop on a worker of the pool: no hand-off per step.
         self.run_decoding(|| {
             let mut timings = GenerateTimings::default();
-            let out = self.generate_here(prompts, options, &mut timings)?;
+            let out = self.generate_here(prompts, options, &mut timings, None)?;
             Ok((out, timings))
         })
+    }
+
+    /// [`generate`](Self::generate), keeping what the decode loop computes at every position
+    /// of each prompt and its completion: the hidden states of `layers` (Hugging Face's
+    /// `output_hidden_states` indexing: 0 = the embeddings, `num_hidden_layers` = after the
+    /// final norm) and the log-normaliser and argmax of the logits ([`CapturedRow`]). The
+    /// completions are the ones [`generate`](Self::generate) makes: the passes that choose
+    /// tokens are the same, and the completion's last token, which no step feeds, runs
+    /// through one more pass of the finished rows alone (their cache rows copied). Nothing is
+    /// captured when `max_new_tokens` is 0.
+    pub fn generate_captured(
+        &self,
+        prompts: &[SeededPrompt<'_>],
+        options: &GenerateOptions,
+        layers: &[usize],
+    ) -> Result<Vec<(Completion, CapturedRow)>> {
+        let n_layers = self.config().num_hidden_layers;
+        if layers.is_empty() {
+            return Err(ModelError::Input(
+                "no hidden state to capture: name at least one layer".into(),
+            ));
+        }
+        if let Some(bad) = layers.iter().find(|l| **l > n_layers) {
+            return Err(ModelError::Input(format!(
+                "hidden state {bad} to capture; valid indices are 0..={n_layers} \
+                 (0 = embeddings, {n_layers} = after the final norm)"
+            )));
+        }
+        let width = layers.len() * self.config().hidden_size;
+        let new = options.max_new_tokens.min(PREALLOCATED_NEW);
+        let mut capture = Capture {
+            layers: layers.to_vec(),
+            rows: prompts
+                .iter()
+                .map(|p| CapturedRow::new(p.ids.len() + new, width))
+                .collect(),
+        };
+        let completions = self.run_decoding(|| {
+            self.generate_here(
+                prompts,
+                options,
+                &mut GenerateTimings::default(),
+                Some(&mut capture),
+            )
+        })?;
+        Ok(completions.into_iter().zip(capture.rows).collect())
     }
 
     fn generate_here(
@@ -164,6 +300,7 @@ impl Llama {
         prompts: &[SeededPrompt<'_>],
         options: &GenerateOptions,
         timings: &mut GenerateTimings,
+        mut capture: Option<&mut Capture>,
     ) -> Result<Vec<Completion>> {
         let start = Instant::now();
         options.sampling.validate()?;
@@ -193,15 +330,26 @@ impl Llama {
         let slots = longest.saturating_add(options.max_new_tokens.min(PREALLOCATED_NEW));
         let mut cache = self.new_cache_with_capacity(slots);
         let mut batch = TokenBatch::from_rows(&rows, self.pad_id(), PaddingSide::Left);
-        let last = ForwardOptions::last_positions(1);
+        let last = match &capture {
+            Some(c) => c.options(),
+            None => ForwardOptions::last_positions(1),
+        };
         let mut prefill_end: Option<Instant> = None;
         loop {
-            let logits = self
-                .forward_cached(&batch, &mut cache, &last)?
-                .into_logits()?;
-            let logits = to_host(logits);
+            let mut output = self.forward_cached(&batch, &mut cache, &last)?;
+            let logits = to_host(take_logits(&mut output)?);
+            if let Some(c) = capture.as_deref_mut() {
+                // The prompts' pass (left-padded: a prompt's positions are its row's last),
+                // then one position per row and step.
+                let lens: Vec<usize> = match prefill_end {
+                    None => active.iter().map(|r| prompts[*r].ids.len()).collect(),
+                    Some(_) => vec![1; active.len()],
+                };
+                c.record(&output, &active, &lens, &logits);
+            }
             let mut keep = Vec::with_capacity(active.len());
             let mut next = Vec::with_capacity(active.len());
+            let mut finished: Vec<(usize, u32)> = Vec::new();
             for (slot, &r) in active.iter().enumerate() {
                 let row = &logits[slot * vocab..(slot + 1) * vocab];
                 let tok = choose(row, &options.sampling, &mut rngs[r]);
@@ -212,10 +360,29 @@ impl Llama {
                 }
                 if stop.contains(&tok) {
                     c.finish_reason = FinishReason::Stop;
+                    finished.push((slot, tok));
                 } else if c.ids.len() < options.max_new_tokens {
                     keep.push(slot);
                     next.push(tok);
+                } else {
+                    finished.push((slot, tok));
                 }
+            }
+            if let Some(c) = capture.as_deref_mut()
+                && !finished.is_empty()
+            {
+                // The finished rows' last tokens, which no step feeds: one pass of those rows
+                // alone, on a copy of their cache rows (the batch's own passes stay as they
+                // are without capture).
+                let slots: Vec<usize> = finished.iter().map(|(s, _)| *s).collect();
+                let mut rows_cache = cache.clone();
+                rows_cache.retain_rows(&slots)?;
+                let tokens = finished.iter().map(|(_, t)| *t).collect();
+                let step = TokenBatch::new(slots.len(), 1, tokens, vec![true; slots.len()])?;
+                let mut output = self.forward_cached(&step, &mut rows_cache, &last)?;
+                let logits = to_host(take_logits(&mut output)?);
+                let rows: Vec<usize> = slots.iter().map(|s| active[*s]).collect();
+                c.record(&output, &rows, &vec![1; rows.len()], &logits);
             }
             match prefill_end {
                 None => {
@@ -238,6 +405,14 @@ impl Llama {
             batch = TokenBatch::new(next.len(), 1, next, vec![true; active.len()])?;
         }
     }
+}
+
+/// The logits of a pass that was asked for them.
+fn take_logits(output: &mut ModelOutput) -> Result<burn::tensor::Tensor<3>> {
+    output
+        .logits
+        .take()
+        .ok_or_else(|| ModelError::Input("the pass computed no logits".into()))
 }
 
 /// The seed of prompt `index`'s sampling stream in a run seeded with `seed` (remote teachers

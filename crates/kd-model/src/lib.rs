@@ -71,7 +71,9 @@ pub use device::parse_device;
 pub use eagle3::{DraftVocab, Eagle3Config, Eagle3Draft};
 pub use error::{ModelError, Result};
 pub use family::ModelFamily;
-pub use generate::{Completion, FinishReason, GenerateOptions, GenerateTimings, SeededPrompt};
+pub use generate::{
+    CapturedRow, Completion, FinishReason, GenerateOptions, GenerateTimings, SeededPrompt,
+};
 pub use kd_lora::{LoraConfig, TargetModules};
 pub use lora::ParameterReport;
 pub use model::{Llama, ModelOutput};

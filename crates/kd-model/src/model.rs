@@ -445,7 +445,9 @@ impl Llama {
         chunks: &[std::ops::Range<usize>],
     ) -> Result<ModelOutput> {
         let (b, s) = (batch.batch_size(), batch.seq_len());
-        let mut out = None;
+        let mut out: Option<ModelOutput> = None;
+        // The hidden states asked for, chunk by chunk (joined along the positions below).
+        let mut hidden: Vec<Vec<Tensor<3>>> = Vec::new();
         // Positions `cols` of every row of a row-major `[b, s]` array.
         fn columns<T: Copy>(v: &[T], b: usize, s: usize, cols: &std::ops::Range<usize>) -> Vec<T> {
             (0..b)
@@ -464,7 +466,17 @@ impl Llama {
                 logits: last && options.logits,
                 ..options.clone()
             };
-            out = Some(self.run(&part, Some(&mut *cache), &opts)?);
+            let mut part_out = self.run(&part, Some(&mut *cache), &opts)?;
+            hidden.resize_with(part_out.hidden_states.len(), Vec::new);
+            for (slot, (_, h)) in hidden.iter_mut().zip(&part_out.hidden_states) {
+                slot.push(h.clone());
+            }
+            if last {
+                for ((_, h), parts) in part_out.hidden_states.iter_mut().zip(&mut hidden) {
+                    *h = Tensor::cat(std::mem::take(parts), 1);
+                }
+            }
+            out = Some(part_out);
         }
         out.ok_or_else(|| ModelError::Input("no chunks".into()))
     }
@@ -555,8 +567,9 @@ const PREFILL_CHUNK: usize = 128;
 
 /// The chunks of positions a pass runs in, when it is long and chunking changes nothing but
 /// memory: through a cache, on a model that decodes each layer on the host, with logits of
-/// at most the last chunk's positions and no hidden states asked for, and the batch's
-/// positions implied by its mask (no explicit positions, no packed segments).
+/// at most the last chunk's positions, and the batch's positions implied by its mask (no
+/// explicit positions, no packed segments). Hidden states asked for are joined from the
+/// chunks', so that asking for them does not change the pass the logits come from.
 fn prefill_chunks(
     model: &Llama,
     batch: &TokenBatch,
@@ -570,11 +583,9 @@ fn prefill_chunks(
     };
     let plain = batch.positions().is_none() && batch.segments().is_none();
     // (Dropout is ruled out by `layers_on_host`.)
-    let nothing_else = matches!(options.hidden_states, HiddenStates::None);
     (s > PREFILL_CHUNK
         && fits
         && plain
-        && nothing_else
         && model
             .layers_on_host(batch.batch_size() * PREFILL_CHUNK, options)
             .is_some())

@@ -112,7 +112,8 @@ pub fn run(
     timer.end(Phase::Setup);
 
     observer.on_phase(Phase::Generate);
-    let generations = generate_completions(config, &setup, &teacher, observer)?;
+    let generations =
+        generate_completions(config, &setup, &teacher, target_cache.as_ref(), observer)?;
     let generated_tokens = generations.iter().map(|g| g.ids.len()).sum();
     let examples = training_examples(config, &setup, &generations, observer, &mut warnings)?;
     timer.end(Phase::Generate);

@@ -3,14 +3,16 @@
 //! request ends after the shard in progress).
 
 use kd_teacher::{
-    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, Prompt, ScoreCache,
-    ScoreCacheManifest, ScoreOptions, Scores, prompts_hash, sequences_hash, template_hash,
+    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, Prompt,
+    SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions, Scores, Teacher, prompts_hash,
+    sequences_hash, template_hash,
 };
 
 use kd_pipeline::continue_unless_stopped;
 
 use crate::config::SpeculatorConfig;
 use crate::data::Examples;
+use crate::eagle3::{TargetCache, captured_layers};
 use crate::error::Result;
 use crate::observe::{Phase, SpeculatorObserver};
 use crate::run::off_policy_kd;
@@ -18,12 +20,66 @@ use crate::settings::TeacherBackend;
 use crate::settings::generation_params;
 use crate::setup::{Setup, teacher_cache_dir};
 
+/// The target in this process generating, what it computes at every position kept as the
+/// targets of the EAGLE-3 training row each completion makes ([`TargetCache::keep_generated`]),
+/// before the generation cache commits the shard: a resumed run finds the rows of every shard
+/// it does not generate again. The completions are those the target makes without it.
+struct Capturing<'a> {
+    teacher: &'a LocalTeacher,
+    layers: Vec<usize>,
+    rows: &'a TargetCache,
+    max_seq_length: usize,
+}
+
+impl Teacher for Capturing<'_> {
+    fn generate(
+        &self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+    ) -> kd_teacher::Result<Vec<Generation>> {
+        let vocab = self.teacher.model().config().vocab_size;
+        let captured = self
+            .teacher
+            .generate_captured(prompts, params, &self.layers)?;
+        Ok(captured
+            .into_iter()
+            .zip(prompts)
+            .map(|((generation, row), prompt)| {
+                self.rows.keep_generated(
+                    &prompt.ids,
+                    &generation.ids,
+                    &row,
+                    self.max_seq_length,
+                    vocab,
+                );
+                generation
+            })
+            .collect())
+    }
+
+    fn score_with(
+        &self,
+        sequences: &[Vec<u32>],
+        options: &ScoreOptions,
+    ) -> kd_teacher::Result<Vec<Scores>> {
+        self.teacher.score_with(sequences, options)
+    }
+
+    fn fingerprint(&self) -> String {
+        self.teacher.fingerprint()
+    }
+}
+
 /// The target's completions of the training prompts, in prompt order, through the
-/// generation cache (an interrupted run resumes from its finished shards).
+/// generation cache (an interrupted run resumes from its finished shards). With an EAGLE-3
+/// run's target-rows directory (`target_rows` that [captures](TargetCache::captures)) and the
+/// target in this process on one device, the rows of the training examples are kept as the
+/// target generates them ([`Capturing`]).
 pub(crate) fn generate_completions(
     config: &SpeculatorConfig,
     setup: &Setup,
     teacher: &TeacherBackend,
+    target_rows: Option<&TargetCache>,
     observer: &mut dyn SpeculatorObserver,
 ) -> Result<Vec<Generation>> {
     // Longest prompts first: a shard is one teacher batch, and similar lengths together waste
@@ -47,7 +103,20 @@ pub(crate) fn generate_completions(
     let world = kd_dist::world();
     let gen_cache = GenerationCache::open_across(world, &cache_dir.join("generations"), manifest)?;
     let total = prompts.len();
-    let by_length = gen_cache.generate_across(world, teacher.teacher(), &prompts, |p| {
+    let capturing = match (teacher, target_rows) {
+        (TeacherBackend::Local(local), Some(rows)) if rows.captures() => Some(Capturing {
+            teacher: local,
+            layers: captured_layers(config, local.model()),
+            rows,
+            max_seq_length: config.max_seq_length,
+        }),
+        _ => None,
+    };
+    let generating: &dyn Teacher = match &capturing {
+        Some(c) => c,
+        None => teacher.teacher(),
+    };
+    let by_length = gen_cache.generate_across(world, generating, &prompts, |p| {
         observer.on_teacher_progress(Phase::Generate, &p, total);
         continue_unless_stopped(observer)
     })?;

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use kd_data::ChatTokenizer;
 pub use kd_model::generate::stream_seed;
-use kd_model::{ForwardOptions, HiddenStates, Llama, PaddingSide, SeededPrompt, TokenBatch};
+use kd_model::{
+    CapturedRow, Completion, ForwardOptions, HiddenStates, Llama, PaddingSide, SeededPrompt,
+    TokenBatch,
+};
 use rayon::prelude::*;
 
 use crate::error::{Result, TeacherError};
@@ -100,21 +103,80 @@ impl LocalTeacher {
             .map(|(ids, seed)| SeededPrompt { ids, seed: *seed })
             .collect();
         let completions = self.model.generate(&seeded, &params.generate_options())?;
-        let mut out = Vec::with_capacity(completions.len());
-        for c in completions {
-            let text = match &self.tokenizer {
-                Some(tok) => Some(tok.decode(&c.ids, true)?),
-                None => None,
-            };
-            out.push(Generation {
-                ids: c.ids,
-                text,
-                finish_reason: c.finish_reason,
-                logprobs: c.logprobs,
-                hidden_states: Vec::new(),
-            });
+        completions
+            .into_iter()
+            .map(|c| self.generation(c))
+            .collect()
+    }
+
+    /// A completion as a [`Generation`] (its text decoded when the teacher has a tokenizer).
+    fn generation(&self, c: Completion) -> Result<Generation> {
+        let text = match &self.tokenizer {
+            Some(tok) => Some(tok.decode(&c.ids, true)?),
+            None => None,
+        };
+        Ok(Generation {
+            ids: c.ids,
+            text,
+            finish_reason: c.finish_reason,
+            logprobs: c.logprobs,
+            hidden_states: Vec::new(),
+        })
+    }
+
+    /// Runs `run` on the prompts `batch_size` at a time, longest first (similar lengths
+    /// together waste less on padding); results in input order.
+    fn in_batches<T>(
+        &self,
+        prompts: &[(&[u32], u64)],
+        mut run: impl FnMut(&[(&[u32], u64)]) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        order.sort_by_key(|i| std::cmp::Reverse(prompts[*i].0.len()));
+        let mut results: Vec<Option<T>> = (0..prompts.len()).map(|_| None).collect();
+        for chunk in order.chunks(self.batch_size) {
+            let batch: Vec<(&[u32], u64)> = chunk.iter().map(|i| prompts[*i]).collect();
+            for (i, g) in chunk.iter().zip(run(&batch)?) {
+                results[*i] = Some(g);
+            }
         }
-        Ok(out)
+        Ok(results
+            .into_iter()
+            .map(|g| g.expect("every prompt was run"))
+            .collect())
+    }
+
+    /// [`Teacher::generate`], keeping what the decode loop computed at every position of
+    /// each prompt and its completion: the hidden states of `layers` (transformers'
+    /// `output_hidden_states` indexing) and the log-normaliser and argmax of the logits
+    /// ([`Llama::generate_captured`]). The completions are those `generate` makes, batched
+    /// alike; `params.hidden_layers` is not read.
+    pub fn generate_captured(
+        &self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        layers: &[usize],
+    ) -> Result<Vec<(Generation, CapturedRow)>> {
+        params.validate()?;
+        for p in prompts {
+            self.check_ids(&p.ids, &format!("prompt {}", p.index))?;
+        }
+        let seeded: Vec<(&[u32], u64)> = prompts
+            .iter()
+            .map(|p| (p.ids.as_slice(), stream_seed(params.seed, p.index)))
+            .collect();
+        let options = params.generate_options();
+        self.in_batches(&seeded, |batch| {
+            let seeded: Vec<SeededPrompt<'_>> = batch
+                .iter()
+                .map(|(ids, seed)| SeededPrompt { ids, seed: *seed })
+                .collect();
+            self.model
+                .generate_captured(&seeded, &options, layers)?
+                .into_iter()
+                .map(|(c, row)| Ok((self.generation(c)?, row)))
+                .collect()
+        })
     }
 
     /// Checks that a sequence is non-empty and inside the vocabulary; `what` names it in the
@@ -141,20 +203,7 @@ impl LocalTeacher {
         params: &SamplingParams,
     ) -> Result<Vec<Generation>> {
         params.validate()?;
-        // Similar lengths together (less padding); results go back in input order.
-        let mut order: Vec<usize> = (0..prompts.len()).collect();
-        order.sort_by_key(|i| std::cmp::Reverse(prompts[*i].0.len()));
-        let mut results: Vec<Option<Generation>> = vec![None; prompts.len()];
-        for chunk in order.chunks(self.batch_size) {
-            let batch: Vec<(&[u32], u64)> = chunk.iter().map(|i| prompts[*i]).collect();
-            for (i, g) in chunk.iter().zip(self.generate_batch(&batch, params)?) {
-                results[*i] = Some(g);
-            }
-        }
-        let mut out: Vec<Generation> = results
-            .into_iter()
-            .map(|g| g.expect("every prompt was generated"))
-            .collect();
+        let mut out = self.in_batches(prompts, |batch| self.generate_batch(batch, params))?;
         if !params.hidden_layers.is_empty() {
             let seqs: Vec<Vec<u32>> = prompts
                 .iter()

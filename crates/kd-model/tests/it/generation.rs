@@ -337,3 +337,175 @@ fn cache_capacity_grows_geometrically_and_decodes_as_the_full_pass() {
         .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     assert!(d <= 1e-5, "after the rollback: max |Δ| {d}");
 }
+
+/// `generate_captured` makes the completions `generate` makes, and keeps at every position of
+/// prompt + completion the hidden states asked for, and the log-normaliser and argmax of the
+/// logits from the prompt's last position on (the completion's last token, which no decode
+/// step feeds, included). The references: the same batch decoded by hand (every row fed its
+/// greedy token at every step, none leaving the batch), and for the f32 model the full pass
+/// over each finished sequence too. On the f32 model and on its Q8_0 blocks (the host decode
+/// path where the CPU has AVX2; the full pass, and a prompt's pass over many rows, read the
+/// f32 weights there, so the full pass is no reference for it), with a prompt of 150 tokens,
+/// and a stop token ending rows early. (The lean SmolLM2, whose long prompts pass in chunks:
+/// `gguf::a_lean_smollm2_captures_what_it_computes`.)
+#[test]
+fn generation_captures_what_the_full_pass_computes() {
+    use kd_model::GenerateOptions;
+    let base = load("tiny-llama3");
+    let (layers, vocab) = (base.config().num_hidden_layers, base.config().vocab_size);
+    let mut rows = prompts(&golden("tiny-llama3"));
+    let mut next = lcg(7);
+    rows.push((0..150).map(|_| next() % vocab as u32).collect());
+    let q8 = load("tiny-llama3").with_q8_0_weights(true);
+    check_capture("f32", &base, &rows, &[1, 2, layers], Some(1e-4));
+    check_capture("q8_0", &q8, &rows, &[1, 2, layers], None);
+    assert!(
+        base.generate_captured(&[], &GenerateOptions::greedy(1), &[])
+            .is_err()
+    );
+    assert!(
+        base.generate_captured(&[], &GenerateOptions::greedy(1), &[layers + 1])
+            .is_err()
+    );
+}
+
+/// The checks of [`generation_captures_what_the_full_pass_computes`] on `model`, greedy
+/// 7 new tokens of `rows` capturing `wanted`; against the full pass within `full_pass`
+/// (absolute, hidden states and normalisers) where given. The batch decoded by hand agrees
+/// within 1e-4.
+pub fn check_capture(
+    what: &str,
+    model: &Llama,
+    rows: &[Vec<u32>],
+    wanted: &[usize],
+    full_pass: Option<f32>,
+) {
+    use kd_model::{GenerateOptions, HiddenStates, SeededPrompt};
+    let (d, vocab) = (model.config().hidden_size, model.config().vocab_size);
+    let steps = 7;
+    let log_z_of = |l: &[f32]| {
+        let max = l.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        let sum: f64 = l.iter().map(|v| ((v - max) as f64).exp()).sum();
+        max + sum.ln() as f32
+    };
+    let seeded: Vec<SeededPrompt<'_>> = rows
+        .iter()
+        .map(|ids| SeededPrompt { ids, seed: 0 })
+        .collect();
+    let free = model
+        .generate(&seeded, &GenerateOptions::greedy(steps))
+        .unwrap();
+    // A stop token: row 0's third token ends row 0 there and cuts other rows.
+    let options = GenerateOptions {
+        stop_token_ids: vec![free[0].ids[2]],
+        ..GenerateOptions::greedy(steps)
+    };
+    let plain = model.generate(&seeded, &options).unwrap();
+    let captured = model.generate_captured(&seeded, &options, wanted).unwrap();
+    assert_eq!(plain.len(), captured.len());
+    // The reference: the same left-padded batch decoded by hand, every row fed its greedy
+    // token at every step (none leaves the batch), hidden states at its real positions.
+    let by_hand = {
+        let b = rows.len();
+        let options = ForwardOptions {
+            hidden_states: HiddenStates::Layers(wanted.to_vec()),
+            ..ForwardOptions::last_positions(1)
+        };
+        let mut cache = model.new_cache();
+        let mut batch = TokenBatch::from_rows(rows, 0, PaddingSide::Left);
+        let mut out: Vec<(Vec<f32>, Vec<Vec<f32>>)> = vec![Default::default(); b];
+        for step in 0..=steps {
+            let pass = model.forward_cached(&batch, &mut cache, &options).unwrap();
+            let s = batch.seq_len();
+            let states: Vec<Vec<f32>> = pass
+                .hidden_states
+                .iter()
+                .map(|(_, h)| to_vec(h.clone()))
+                .collect();
+            let logits = to_vec(pass.logits.unwrap());
+            let mut next = Vec::new();
+            for (r, (hidden, row_logits)) in out.iter_mut().enumerate() {
+                let real = if step == 0 { rows[r].len() } else { 1 };
+                for t in s - real..s {
+                    for state in &states {
+                        hidden.extend_from_slice(&state[(r * s + t) * d..][..d]);
+                    }
+                }
+                let l = logits[r * vocab..(r + 1) * vocab].to_vec();
+                next.push(argmax(&l));
+                row_logits.push(l);
+            }
+            batch = TokenBatch::new(b, 1, next, vec![true; b]).unwrap();
+        }
+        out
+    };
+    assert!(
+        plain.iter().any(|c| c.ids.len() < steps),
+        "{what}: no row stopped early"
+    );
+    for (r, (c, (cc, row))) in plain.iter().zip(&captured).enumerate() {
+        assert_eq!(c, cc, "{what} row {r}: the completion changed");
+        let sequence: Vec<u32> = rows[r].iter().chain(&c.ids).copied().collect();
+        let (p, n) = (rows[r].len(), sequence.len());
+        assert_eq!(row.len, n, "{what} row {r}");
+        assert_eq!(row.hidden.len(), n * wanted.len() * d, "{what} row {r}");
+        assert_eq!(row.logits_from, p - 1, "{what} row {r}");
+        assert_eq!(row.log_z.len(), n - row.logits_from, "{what} row {r}");
+        assert_eq!(row.argmax.len(), row.log_z.len(), "{what} row {r}");
+        let (mut hidden, logits) = by_hand[r].clone();
+        hidden.truncate(n * wanted.len() * d);
+        let mut references = vec![("the batch by hand", 1e-4, hidden, logits)];
+        if let Some(tol) = full_pass {
+            let full = model
+                .forward(
+                    &TokenBatch::single(&sequence),
+                    &ForwardOptions::with_hidden_states(HiddenStates::Layers(wanted.to_vec())),
+                )
+                .unwrap();
+            let states: Vec<Vec<f32>> = full
+                .hidden_states
+                .iter()
+                .map(|(_, h)| to_vec(h.clone()))
+                .collect();
+            let hidden = (0..n)
+                .flat_map(|t| {
+                    states
+                        .iter()
+                        .flat_map(move |s| s[t * d..(t + 1) * d].to_vec())
+                })
+                .collect();
+            let all = to_vec(full.logits.unwrap());
+            let logits = (p - 1..n)
+                .map(|t| all[t * vocab..(t + 1) * vocab].to_vec())
+                .collect();
+            references.push(("the full pass", tol, hidden, logits));
+        }
+        for (reference, tol, hidden, logits) in references {
+            let worst = row
+                .hidden
+                .iter()
+                .zip(&hidden)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= tol,
+                "{what} row {r} against {reference}: hidden states max |Δ| {worst}"
+            );
+            for (j, l) in logits.iter().take(row.log_z.len()).enumerate() {
+                let t = p - 1 + j;
+                let log_z = log_z_of(l);
+                assert!(
+                    (row.log_z[j] - log_z).abs() <= tol,
+                    "{what} row {r} position {t} against {reference}: log_z {} for {log_z}",
+                    row.log_z[j]
+                );
+                let margin = l[argmax(l) as usize] - l[row.argmax[j] as usize];
+                assert!(
+                    margin <= tol,
+                    "{what} row {r} position {t}: argmax margin {margin}"
+                );
+            }
+        }
+        // The argmax is the greedy choice where a step chose one.
+        assert_eq!(row.argmax[..n - p], sequence[p..], "{what} row {r}");
+    }
+}

@@ -721,3 +721,25 @@ fn smollm2_masked_slots_of_a_batch_leave_a_row_the_bits_it_has_alone() {
         );
     }
 }
+
+/// What the lean SmolLM2 computes while it generates (`generate_captured`): the same checks
+/// as `generation::generation_captures_what_the_full_pass_computes`, with a prompt of over
+/// 128 tokens, which the lean model passes through the cache in chunks: the hidden states of
+/// the chunks are joined in order. The full pass (the f32 copies made from the same blocks,
+/// one GEMM) is a reference within the bound the logits' reference allows the two paths.
+#[test]
+fn a_lean_smollm2_captures_what_it_computes() {
+    let lean = Llama::load_for_inference(smollm2(), &cpu()).unwrap();
+    let g = json("smollm2-logits.json");
+    let mut rows: Vec<Vec<u32>> = g["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| ids(&p["ids"]))
+        .collect();
+    let long: Vec<u32> = (0..5).flat_map(|k| rows[k % rows.len()].clone()).collect();
+    assert!(long.len() > 128, "{}", long.len());
+    rows.push(long);
+    let bound = 2.0 * Reference::load("gguf-smollm2").bound("logits.0");
+    crate::generation::check_capture("lean SmolLM2", &lean, &rows, &[2, 15, 27, 30], Some(bound));
+}

@@ -2,8 +2,11 @@
 //! safetensors file per row, named by the SHA-256 of the row's key, under a manifest that
 //! names the target and the layers read. A later run on the same rows (a resumed one, another
 //! learning rate, more epochs, a continued draft) reads them back instead of running the
-//! target. They are the bits the target would give again: a row's targets depend on its own
-//! tokens, positions and packed sequences alone (`Eagle3Loss::run_row`), which make its key.
+//! target. A row's targets depend on its own tokens, positions and packed sequences alone,
+//! which make its key. A row is written either while the target generates its completion
+//! (`TargetCache::keep_generated`: the decode loop's numbers) or when training first meets it
+//! (`Eagle3Loss::run_row`: one full pass); the two agree to rounding, and whichever was
+//! written is what every later read, a resumed run's included, gets.
 //!
 //! Each file holds `key` (u32, the row's key: its tokens, then positions, then sequence ids),
 //! `features` (f32 `[n, 3·d]`), `last` (f32 `[n, d]`: the final normed hidden state),

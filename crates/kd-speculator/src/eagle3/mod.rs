@@ -7,7 +7,9 @@
 //! rows of the draft vocabulary): a quarter of the memory a kept logit row would take at
 //! SmolLM2's size. With a directory ([`TargetCache::with_dir`], `--target_cache_dir`) the rows
 //! also go to disk, for later runs to read back instead of running the target
-//! ([`TargetRowsManifest`]).
+//! ([`TargetRowsManifest`]); and a target in this process keeps each row as it generates the
+//! row's completion (`TargetCache::keep_generated`), so that training runs no pass of the
+//! target over it at all.
 //!
 //! Alignment follows SpecForge's target head: the target runs over the unshifted tokens; the
 //! draft's position `t` reads the target's features at `t` and the embedding of token `t + 1`,
@@ -207,6 +209,7 @@ struct CacheState {
     misses: usize,
     disk_reads: usize,
     disk_writes: usize,
+    captured: usize,
 }
 
 /// What a [`TargetCache`] holds and how often it was read.
@@ -225,6 +228,9 @@ pub struct CacheStats {
     pub disk_reads: usize,
     /// Rows written to disk.
     pub disk_writes: usize,
+    /// Rows kept while the target generated them ([`TargetCache::keep_generated`]): the
+    /// target ran no pass of its own over them.
+    pub captured: usize,
 }
 
 impl TargetCache {
@@ -289,6 +295,7 @@ impl TargetCache {
             misses: state.misses,
             disk_reads: state.disk_reads,
             disk_writes: state.disk_writes,
+            captured: state.captured,
         }
     }
 
@@ -297,6 +304,73 @@ impl TargetCache {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether rows are kept while the target generates them ([`keep_generated`](Self::keep_generated)):
+    /// with a directory only. A resumed run reads a row back from there; a row held in memory
+    /// alone would be made again by `Eagle3Loss::run_row`'s full pass, in other bits, and the
+    /// resumed run would train on other numbers than the uninterrupted one.
+    pub(crate) fn captures(&self) -> bool {
+        self.disk.is_some()
+    }
+
+    /// Keeps what the target computed while it generated `completion` after `prompt`
+    /// ([`kd_teacher::LocalTeacher::generate_captured`] over [`captured_layers`]) as the
+    /// targets of the training row they make, so that training reads them instead of running
+    /// the target over the row again. Such a row holds the decode loop's numbers (the prompt's
+    /// batched pass, then one position a step), which agree with the full pass's to rounding;
+    /// it goes to disk (and to memory while the budget has room) as a computed row does.
+    /// Positions before the prompt's last have no logits: they get the padding's zero hidden
+    /// state and uniform normaliser (no counted position reads them: a position counts when
+    /// the next token is a completion token). Nothing is kept, and `false` returned, for an
+    /// empty completion, for one that `max_seq_length` cuts (its row starts elsewhere, so its
+    /// targets differ), and without a directory ([`captures`](Self::captures)).
+    pub(crate) fn keep_generated(
+        &self,
+        prompt: &[u32],
+        completion: &[u32],
+        row: &kd_model::CapturedRow,
+        max_seq_length: usize,
+        vocab: usize,
+    ) -> bool {
+        let n = prompt.len() + completion.len();
+        if !self.captures() || completion.is_empty() || row.len != n || n == 0 {
+            return false;
+        }
+        let options = kd_data::ExampleOptions {
+            max_seq_length,
+            train_on_prompt: false,
+        };
+        let (example, _) = kd_data::build_example("", prompt, completion, &options);
+        if example.input_ids.len() != n {
+            return false;
+        }
+        // The key the trainer's row of this example alone has.
+        let batch = kd_data::collate(&[example], &[vec![0]], 0, n);
+        let key = row_key(&batch, 0, &real_positions(&batch, 0));
+        let width = row.hidden.len() / n;
+        let d = width / 4;
+        let mut targets = RowTargets {
+            features: Vec::with_capacity(n * 3 * d),
+            last: Vec::with_capacity(n * d),
+            log_z: vec![(vocab as f32).ln(); n],
+            argmax: vec![0; n],
+        };
+        for (t, position) in row.hidden.chunks_exact(width).enumerate() {
+            targets.features.extend_from_slice(&position[..3 * d]);
+            if t < row.logits_from {
+                targets.last.extend(std::iter::repeat_n(0f32, d));
+            } else {
+                targets.last.extend_from_slice(&position[3 * d..]);
+            }
+        }
+        for (j, (&z, &a)) in row.log_z.iter().zip(&row.argmax).enumerate() {
+            targets.log_z[row.logits_from + j] = z;
+            targets.argmax[row.logits_from + j] = a as i64;
+        }
+        self.lock().captured += 1;
+        self.insert(key, Arc::new(targets));
+        true
     }
 
     /// The row keyed `key` from memory, else from disk (then kept in memory while there is
@@ -736,6 +810,15 @@ pub(crate) fn train_eagle3(
         target_rows: Some(loss.cache.stats()),
         last_log,
     })
+}
+
+/// The target's hidden states an EAGLE-3 training row reads, in Hugging Face's
+/// `output_hidden_states` indexing: the three feature layers, then the final normed state.
+pub(crate) fn captured_layers(config: &crate::SpeculatorConfig, target: &Llama) -> Vec<usize> {
+    let tc = target.config();
+    let mut layers = aux_layers(config, tc).to_vec();
+    layers.push(tc.num_hidden_layers);
+    layers
 }
 
 /// The cache of what the target gives each training row: `--target_cache_mb` of memory, and

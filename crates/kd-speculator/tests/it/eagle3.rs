@@ -148,6 +148,7 @@ fn the_target_cache_changes_nothing_and_keeps_to_its_budget() {
             misses: 3 * rows,
             disk_reads: 0,
             disk_writes: 0,
+            captured: 0,
         }
     );
     let budget = all.bytes / 2;
@@ -217,6 +218,7 @@ fn target_rows_on_disk_are_read_back_with_the_same_bits() {
             misses: rows,
             disk_reads: 2 * rows,
             disk_writes: rows,
+            captured: 0,
         }
     );
     let written = files();

@@ -444,11 +444,13 @@ fn the_dry_run_states_what_the_target_cache_holds() {
     assert!(off.contains("on every micro-batch"), "{off}");
 }
 
-/// `--target_cache_dir`: the run keeps what the target gave each training row there, under a
-/// manifest naming the target's fingerprint and the layers; a second run over the same rows
-/// reads every row back (the target runs on none) and ends with the first run's checkpoint,
-/// byte for byte; a run reading other layers is refused, naming both, before it generates or
-/// trains anything.
+/// `--target_cache_dir`: the run keeps what the target computed for each training row while
+/// it generated the row's completion there, under a manifest naming the target's fingerprint
+/// and the layers, and trains on it without a pass of the target of its own; its losses are
+/// those of a run whose target runs over each row in training (no directory), to rounding. A
+/// second run over the same rows reads every row back (the target runs on none) and ends with
+/// the first run's checkpoint, byte for byte; a run reading other layers is refused, naming
+/// both, before it generates or trains anything.
 #[test]
 fn target_rows_kept_on_disk_serve_a_second_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -464,10 +466,30 @@ fn target_rows_kept_on_disk_serve_a_second_run() {
     let first = run(&config, &mut Phases::default()).unwrap();
     let trained = first.prompts.1;
     let t = first.target_rows.unwrap();
-    // Every row computed once and written; the second epoch read them back from disk.
+    // Every row kept as it was generated and written; both epochs read them back from disk
+    // (no memory for them), and the target ran over none in training.
     assert_eq!(
-        (t.misses, t.disk_writes, t.disk_reads, t.hits),
-        (trained, trained, trained, 0)
+        (t.captured, t.misses, t.disk_writes, t.disk_reads, t.hits),
+        (trained, 0, trained, 2 * trained, 0)
+    );
+    let computed = run(
+        &SpeculatorConfig {
+            output_dir: dir.path().join("computed"),
+            target_cache_dir: None,
+            ..config.clone()
+        },
+        &mut Phases::default(),
+    )
+    .unwrap();
+    let t = computed.target_rows.unwrap();
+    assert_eq!((t.captured, t.misses), (0, 2 * trained));
+    let (a, b) = (
+        first.train.last_loss.unwrap(),
+        computed.train.last_loss.unwrap(),
+    );
+    assert!(
+        (a - b).abs() <= 1e-4 * b.abs(),
+        "last loss {a} with the generation's rows, {b} with the training's passes"
     );
     let manifest: kd_speculator::eagle3::TargetRowsManifest = serde_json::from_slice(
         &std::fs::read(rows.join(kd_speculator::eagle3::TARGET_ROWS_MANIFEST)).unwrap(),
@@ -493,7 +515,12 @@ fn target_rows_kept_on_disk_serve_a_second_run() {
     )
     .unwrap();
     let t = again.target_rows.unwrap();
-    assert_eq!((t.misses, t.disk_writes, t.disk_reads), (0, 0, 2 * trained));
+    // Its own output directory: it generates again (the same completions, the same rows
+    // written over the first run's), then reads them back.
+    assert_eq!(
+        (t.captured, t.misses, t.disk_writes, t.disk_reads),
+        (trained, 0, trained, 2 * trained)
+    );
     let bytes =
         |out: &Path| std::fs::read(out.join("checkpoint-epoch-1/model.safetensors")).unwrap();
     assert!(bytes(&second) == bytes(&dir.path().join("first")));
