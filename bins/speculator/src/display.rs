@@ -263,8 +263,9 @@ pub fn print_summary(s: &SpeculatorSummary) {
     );
     if let Some(t) = &s.target_rows {
         println!(
-            "  target rows        {} computed, {} read back from memory, {} from disk ({} written)",
-            t.misses, t.hits, t.disk_reads, t.disk_writes
+            "  target rows        {} kept while generating, {} computed, {} read back from memory, \
+             {} from disk ({} written)",
+            t.captured, t.misses, t.hits, t.disk_reads, t.disk_writes
         );
     }
     if let Some(o) = &s.on_policy {

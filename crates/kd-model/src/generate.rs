@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
@@ -110,28 +111,29 @@ pub struct CapturedRow {
 }
 
 impl CapturedRow {
-    fn new(len: usize, width: usize) -> Self {
+    /// Nothing yet, room for `positions` positions of `width` values.
+    fn with_capacity(positions: usize, width: usize) -> Self {
         Self {
             len: 0,
-            hidden: Vec::with_capacity(len * width),
+            hidden: Vec::with_capacity(positions * width),
             logits_from: 0,
             log_z: Vec::new(),
             argmax: Vec::new(),
         }
     }
+}
 
-    /// Appends the log-normaliser and argmax of one position's logits.
-    fn push_logits(&mut self, logits: &[f32]) {
-        let (mut best, mut at) = (f32::NEG_INFINITY, 0usize);
-        for (i, &v) in logits.iter().enumerate() {
-            if v > best {
-                (best, at) = (v, i);
-            }
+/// The log-normaliser `ln Σ exp(logits)` and the argmax (the lowest id among equal maxima)
+/// of one position's logits.
+fn log_z_and_argmax(logits: &[f32]) -> (f32, u32) {
+    let (mut best, mut at) = (f32::NEG_INFINITY, 0usize);
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best {
+            (best, at) = (v, i);
         }
-        let sum: f64 = logits.iter().map(|&v| ((v - best) as f64).exp()).sum();
-        self.log_z.push(best + sum.ln() as f32);
-        self.argmax.push(at as u32);
     }
+    let sum: f64 = logits.iter().map(|&v| f64::from((v - best).exp())).sum();
+    (best + sum.ln() as f32, at as u32)
 }
 
 /// The hidden states the decode loop keeps ([`Llama::generate_captured`]).
@@ -160,6 +162,11 @@ impl Capture {
             .map(|(_, h)| to_host(h.clone()))
             .collect();
         let vocab = logits.len() / rows.len().max(1);
+        // One row's normaliser is a pass of exponentials over the vocabulary: rows side by side.
+        let scored: Vec<(f32, u32)> = logits
+            .par_chunks_exact(vocab.max(1))
+            .map(log_z_and_argmax)
+            .collect();
         for (slot, (&r, &n)) in rows.iter().zip(lens).enumerate() {
             let row = &mut self.rows[r];
             for t in s - n..s {
@@ -172,7 +179,8 @@ impl Capture {
                 row.logits_from = row.len + n - 1;
             }
             row.len += n;
-            row.push_logits(&logits[slot * vocab..(slot + 1) * vocab]);
+            row.log_z.push(scored[slot].0);
+            row.argmax.push(scored[slot].1);
         }
     }
 }
@@ -276,12 +284,12 @@ impl Llama {
             )));
         }
         let width = layers.len() * self.config().hidden_size;
-        let new = options.max_new_tokens.min(PREALLOCATED_NEW);
+        // Room for the prompts (a completion's length is not known: its rows grow as needed).
         let mut capture = Capture {
             layers: layers.to_vec(),
             rows: prompts
                 .iter()
-                .map(|p| CapturedRow::new(p.ids.len() + new, width))
+                .map(|p| CapturedRow::with_capacity(p.ids.len() + 1, width))
                 .collect(),
         };
         let completions = self.run_decoding(|| {

@@ -401,10 +401,16 @@ fn eagle3_plan(
         Some(dir) => format!(
             "{memory}; on disk in {}, {:.1} KB per token position, read back there in later \
              epochs and by later runs over the same rows (at most about {:.1} MB for this run's \
-             rows: every training prompt with a completion of --max_new_tokens)",
+             rows: every training prompt with a completion of --max_new_tokens){}",
             dir.display(),
             bytes_per_token as f64 / 1e3,
-            (bytes_per_token * positions) as f64 / 1e6
+            (bytes_per_token * positions) as f64 / 1e6,
+            if config.teacher_url.is_none() {
+                "; a target on one device writes each row as it generates the completion, and \
+                 training runs no pass of the target"
+            } else {
+                ""
+            }
         ),
     };
     vec![

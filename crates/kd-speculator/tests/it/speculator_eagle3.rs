@@ -425,6 +425,7 @@ fn the_dry_run_states_what_the_target_cache_holds() {
         on_disk.contains(&format!("on disk in {}", rows.display()))
             && on_disk.contains("MB for this run's rows")
             && on_disk.contains("rows beyond it are read back from disk")
+            && on_disk.contains("writes each row as it generates the completion")
             && !on_disk.contains("nothing on disk"),
         "{on_disk}"
     );
