@@ -124,6 +124,22 @@ impl LocalTeacher {
         })
     }
 
+    /// The prompts' ids (checked against the vocabulary) with the seeds of their sampling
+    /// streams ([`stream_seed`] of the run's seed and each prompt's index).
+    fn seeded<'a>(
+        &self,
+        prompts: &'a [Prompt],
+        params: &SamplingParams,
+    ) -> Result<Vec<(&'a [u32], u64)>> {
+        prompts
+            .iter()
+            .map(|p| {
+                self.check_ids(&p.ids, &format!("prompt {}", p.index))?;
+                Ok((p.ids.as_slice(), stream_seed(params.seed, p.index)))
+            })
+            .collect()
+    }
+
     /// Runs `run` on the prompts `batch_size` at a time, longest first (similar lengths
     /// together waste less on padding); results in input order.
     fn in_batches<T>(
@@ -158,13 +174,7 @@ impl LocalTeacher {
         layers: &[usize],
     ) -> Result<Vec<(Generation, CapturedRow)>> {
         params.validate()?;
-        for p in prompts {
-            self.check_ids(&p.ids, &format!("prompt {}", p.index))?;
-        }
-        let seeded: Vec<(&[u32], u64)> = prompts
-            .iter()
-            .map(|p| (p.ids.as_slice(), stream_seed(params.seed, p.index)))
-            .collect();
+        let seeded = self.seeded(prompts, params)?;
         let options = params.generate_options();
         self.in_batches(&seeded, |batch| {
             let seeded: Vec<SeededPrompt<'_>> = batch
@@ -239,13 +249,7 @@ impl LocalTeacher {
 
 impl Teacher for LocalTeacher {
     fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>> {
-        for p in prompts {
-            self.check_ids(&p.ids, &format!("prompt {}", p.index))?;
-        }
-        let seeded: Vec<(&[u32], u64)> = prompts
-            .iter()
-            .map(|p| (p.ids.as_slice(), stream_seed(params.seed, p.index)))
-            .collect();
+        let seeded = self.seeded(prompts, params)?;
         self.generate_seeded(&seeded, params)
     }
 

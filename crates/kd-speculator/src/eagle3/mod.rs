@@ -228,8 +228,8 @@ pub struct CacheStats {
     pub disk_reads: usize,
     /// Rows written to disk.
     pub disk_writes: usize,
-    /// Rows kept while the target generated them ([`TargetCache::keep_generated`]): the
-    /// target ran no pass of its own over them.
+    /// Rows kept while the target generated them (with a directory and the target in this
+    /// process): the target ran no pass of its own over them.
     pub captured: usize,
 }
 
@@ -348,8 +348,12 @@ impl TargetCache {
         // The key the trainer's row of this example alone has.
         let batch = kd_data::collate(&[example], &[vec![0]], 0, n);
         let key = row_key(&batch, 0, &real_positions(&batch, 0));
+        // Three features and the final hidden state per position ([`captured_layers`]).
         let width = row.hidden.len() / n;
         let d = width / 4;
+        if d == 0 || width != 4 * d || row.hidden.len() != n * width {
+            return false;
+        }
         let mut targets = RowTargets {
             features: Vec::with_capacity(n * 3 * d),
             last: Vec::with_capacity(n * d),

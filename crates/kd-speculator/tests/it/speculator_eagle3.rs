@@ -308,30 +308,47 @@ fn exports_for_sglang_and_vllm(out: &Path, checkpoint: &Path) {
     assert!(!out.join("bad-out").exists(), "nothing written on an error");
 }
 
+/// Resumed after its first epoch, a run ends with the bytes of the uninterrupted one: with
+/// the target run in training, and with the rows kept as the target generated them
+/// (`--target_cache_dir`), which the resumed run, generating nothing, reads back.
 #[test]
 fn a_resumed_eagle3_run_ends_with_the_bytes_of_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
-    let full = dir.path().join("full");
-    let config = SpeculatorConfig {
-        num_epochs: 2,
-        eval_fraction: 0.0,
-        ..small_eagle3(&full)
-    };
-    run(&config, &mut Phases::default()).unwrap();
-    let cut = dir.path().join("cut");
-    cut_after_first_epoch(&full, &cut);
-    let resumed = SpeculatorConfig {
-        output_dir: cut.clone(),
-        resume_from_checkpoint: Some("latest".into()),
-        ..config.clone()
-    };
-    let summary = run(&resumed, &mut Phases::default()).unwrap();
-    assert_eq!(summary.train.checkpoints.len(), 1, "only epoch 1 again");
-    same_last_checkpoint(
-        &full,
-        &cut,
-        &["model.safetensors", "training_state/optimizer.safetensors"],
-    );
+    for (name, rows) in [("computed", None), ("kept", Some(dir.path().join("rows")))] {
+        let full = dir.path().join(format!("full-{name}"));
+        let config = SpeculatorConfig {
+            num_epochs: 2,
+            eval_fraction: 0.0,
+            target_cache_dir: rows.clone(),
+            ..small_eagle3(&full)
+        };
+        let first = run(&config, &mut Phases::default()).unwrap();
+        let trained = first.prompts.1;
+        let captured = first.target_rows.unwrap().captured;
+        assert_eq!(captured, if rows.is_some() { trained } else { 0 });
+        let cut = dir.path().join(format!("cut-{name}"));
+        cut_after_first_epoch(&full, &cut);
+        let resumed = SpeculatorConfig {
+            output_dir: cut.clone(),
+            resume_from_checkpoint: Some("latest".into()),
+            ..config.clone()
+        };
+        let summary = run(&resumed, &mut Phases::default()).unwrap();
+        assert_eq!(
+            summary.train.checkpoints.len(),
+            1,
+            "{name}: only epoch 1 again"
+        );
+        if rows.is_some() {
+            let t = summary.target_rows.unwrap();
+            assert_eq!((t.captured, t.misses), (0, 0), "{name}: {t:?}");
+        }
+        same_last_checkpoint(
+            &full,
+            &cut,
+            &["model.safetensors", "training_state/optimizer.safetensors"],
+        );
+    }
 }
 
 #[test]
