@@ -202,9 +202,10 @@ pub struct SpeculatorConfig {
     /// (one safetensors file per row, about 9.2 KB a token position at SmolLM2's width), and
     /// where a later run over the same rows reads it back instead of running the target
     /// (`None`: memory only, [`target_cache_mb`](Self::target_cache_mb)). With the target in
-    /// this process on one device, each row is kept as the target generates its completion,
-    /// and training runs no pass of the target at all. Refused when it holds the rows of
-    /// another target or other layers.
+    /// this process (on one device or several), each row is kept as the target generates its
+    /// completion, and training runs no pass of the target (except over a row whose prompt
+    /// `max_seq_length` cut). Refused when it holds the rows of another target or other
+    /// layers.
     pub target_cache_dir: Option<PathBuf>,
 }
 

@@ -4,8 +4,8 @@
 
 use kd_teacher::{
     CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, Prompt,
-    SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions, Scores, Teacher, prompts_hash,
-    sequences_hash, template_hash,
+    ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions, Scores,
+    Teacher, prompts_hash, sequences_hash, template_hash,
 };
 
 use kd_pipeline::continue_unless_stopped;
@@ -20,15 +20,60 @@ use crate::settings::TeacherBackend;
 use crate::settings::generation_params;
 use crate::setup::{Setup, teacher_cache_dir};
 
-/// The target in this process generating, what it computes at every position kept as the
-/// targets of the EAGLE-3 training row each completion makes ([`TargetCache::keep_generated`]),
-/// before the generation cache commits the shard: a resumed run finds the rows of every shard
-/// it does not generate again. The completions are those the target makes without it.
+/// The target in this process generating (on one device, or a replica on each of several),
+/// what it computes at every position kept as the targets of the EAGLE-3 training row each
+/// completion makes ([`TargetCache::keep_generated`]), before the generation cache commits the
+/// shard: a resumed run finds the rows of every shard it does not generate again. The
+/// completions are those the target makes without it.
 struct Capturing<'a> {
-    teacher: &'a LocalTeacher,
+    teacher: Target<'a>,
     layers: Vec<usize>,
     rows: &'a TargetCache,
     max_seq_length: usize,
+}
+
+/// The target in this process, as [`Capturing`] runs it.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    One(&'a LocalTeacher),
+    Replicas(&'a ReplicatedTeacher<LocalTeacher>),
+}
+
+impl<'a> Target<'a> {
+    /// The target in this process, if the run's teacher is there.
+    fn of(teacher: &'a TeacherBackend) -> Option<Self> {
+        match teacher {
+            TeacherBackend::Local(t) => Some(Self::One(t)),
+            TeacherBackend::Replicated(t) => Some(Self::Replicas(t)),
+            TeacherBackend::Remote(..) => None,
+        }
+    }
+
+    fn local(self) -> &'a LocalTeacher {
+        match self {
+            Self::One(t) => t,
+            Self::Replicas(t) => &t.replicas()[0],
+        }
+    }
+
+    fn generate_captured(
+        self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        layers: &[usize],
+    ) -> kd_teacher::Result<Vec<(Generation, kd_model::CapturedRow)>> {
+        match self {
+            Self::One(t) => t.generate_captured(prompts, params, layers),
+            Self::Replicas(t) => t.generate_captured(prompts, params, layers),
+        }
+    }
+
+    fn teacher(self) -> &'a dyn Teacher {
+        match self {
+            Self::One(t) => t,
+            Self::Replicas(t) => t,
+        }
+    }
 }
 
 impl Teacher for Capturing<'_> {
@@ -37,7 +82,7 @@ impl Teacher for Capturing<'_> {
         prompts: &[Prompt],
         params: &SamplingParams,
     ) -> kd_teacher::Result<Vec<Generation>> {
-        let vocab = self.teacher.model().config().vocab_size;
+        let vocab = self.teacher.local().model().config().vocab_size;
         let captured = self
             .teacher
             .generate_captured(prompts, params, &self.layers)?;
@@ -62,19 +107,19 @@ impl Teacher for Capturing<'_> {
         sequences: &[Vec<u32>],
         options: &ScoreOptions,
     ) -> kd_teacher::Result<Vec<Scores>> {
-        self.teacher.score_with(sequences, options)
+        self.teacher.teacher().score_with(sequences, options)
     }
 
     fn fingerprint(&self) -> String {
-        self.teacher.fingerprint()
+        self.teacher.teacher().fingerprint()
     }
 }
 
 /// The target's completions of the training prompts, in prompt order, through the
 /// generation cache (an interrupted run resumes from its finished shards). With an EAGLE-3
 /// run's target-rows directory (`target_rows` that [captures](TargetCache::captures)) and the
-/// target in this process on one device, the rows of the training examples are kept as the
-/// target generates them ([`Capturing`]).
+/// target in this process (on one device or several), the rows of the training examples are
+/// kept as the target generates them ([`Capturing`]).
 pub(crate) fn generate_completions(
     config: &SpeculatorConfig,
     setup: &Setup,
@@ -103,10 +148,10 @@ pub(crate) fn generate_completions(
     let world = kd_dist::world();
     let gen_cache = GenerationCache::open_across(world, &cache_dir.join("generations"), manifest)?;
     let total = prompts.len();
-    let capturing = match (teacher, target_rows) {
-        (TeacherBackend::Local(local), Some(rows)) if rows.captures() => Some(Capturing {
-            teacher: local,
-            layers: captured_layers(config, local.model()),
+    let capturing = match (Target::of(teacher), target_rows) {
+        (Some(target), Some(rows)) if rows.captures() => Some(Capturing {
+            teacher: target,
+            layers: captured_layers(config, target.local().model()),
             rows,
             max_seq_length: config.max_seq_length,
         }),

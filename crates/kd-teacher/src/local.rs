@@ -405,6 +405,23 @@ impl<T: Teacher + Sync> ReplicatedTeacher<T> {
     }
 }
 
+impl ReplicatedTeacher<LocalTeacher> {
+    /// [`LocalTeacher::generate_captured`] on every replica at once, each over its share of
+    /// the prompts as [`Teacher::generate`] shares them: the completions are those `generate`
+    /// makes (a prompt's seed comes from its index, not from its replica), and each row's
+    /// numbers those of the replica that decoded it. Results in prompt order.
+    pub fn generate_captured(
+        &self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        layers: &[usize],
+    ) -> Result<Vec<(Generation, CapturedRow)>> {
+        self.fan_out(prompts, |t, chunk| {
+            t.generate_captured(chunk, params, layers)
+        })
+    }
+}
+
 impl<T: Teacher + Sync> Teacher for ReplicatedTeacher<T> {
     fn generate(&self, prompts: &[Prompt], params: &SamplingParams) -> Result<Vec<Generation>> {
         self.fan_out(prompts, |t, chunk| t.generate(chunk, params))

@@ -322,9 +322,12 @@ impl TargetCache {
     /// it goes to disk (and to memory while the budget has room) as a computed row does.
     /// Positions before the prompt's last have no logits: they get the padding's zero hidden
     /// state and uniform normaliser (no counted position reads them: a position counts when
-    /// the next token is a completion token). Nothing is kept, and `false` returned, for an
-    /// empty completion, for one that `max_seq_length` cuts (its row starts elsewhere, so its
-    /// targets differ), and without a directory ([`captures`](Self::captures)).
+    /// the next token is a completion token). A row that `max_seq_length` cuts at its
+    /// completion's end (the prompt kept whole) is the first positions of the captured one: a
+    /// position's numbers depend only on the tokens up to it. Nothing is kept, and `false`
+    /// returned, for an empty completion, for a row whose prompt the cut shortened (it starts
+    /// elsewhere, so its targets differ; training computes it), and without a directory
+    /// ([`captures`](Self::captures)).
     pub(crate) fn keep_generated(
         &self,
         prompt: &[u32],
@@ -342,11 +345,14 @@ impl TargetCache {
             train_on_prompt: false,
         };
         let (example, _) = kd_data::build_example("", prompt, completion, &options);
-        if example.input_ids.len() != n {
+        // The training row: all of the captured one, or its first `m` positions when the cut
+        // took the completion's end only.
+        let m = example.input_ids.len();
+        if example.prompt_len != prompt.len() || m == 0 || m > n {
             return false;
         }
         // The key the trainer's row of this example alone has.
-        let batch = kd_data::collate(&[example], &[vec![0]], 0, n);
+        let batch = kd_data::collate(&[example], &[vec![0]], 0, m);
         let key = row_key(&batch, 0, &real_positions(&batch, 0));
         // Three features and the final hidden state per position ([`captured_layers`]).
         let width = row.hidden.len() / n;
@@ -355,12 +361,12 @@ impl TargetCache {
             return false;
         }
         let mut targets = RowTargets {
-            features: Vec::with_capacity(n * 3 * d),
-            last: Vec::with_capacity(n * d),
-            log_z: vec![(vocab as f32).ln(); n],
-            argmax: vec![0; n],
+            features: Vec::with_capacity(m * 3 * d),
+            last: Vec::with_capacity(m * d),
+            log_z: vec![(vocab as f32).ln(); m],
+            argmax: vec![0; m],
         };
-        for (t, position) in row.hidden.chunks_exact(width).enumerate() {
+        for (t, position) in row.hidden.chunks_exact(width).take(m).enumerate() {
             targets.features.extend_from_slice(&position[..3 * d]);
             if t < row.logits_from {
                 targets.last.extend(std::iter::repeat_n(0f32, d));
@@ -368,7 +374,8 @@ impl TargetCache {
                 targets.last.extend_from_slice(&position[3 * d..]);
             }
         }
-        for (j, (&z, &a)) in row.log_z.iter().zip(&row.argmax).enumerate() {
+        let logits = row.log_z.iter().zip(&row.argmax);
+        for (j, (&z, &a)) in logits.take(m.saturating_sub(row.logits_from)).enumerate() {
             targets.log_z[row.logits_from + j] = z;
             targets.argmax[row.logits_from + j] = a as i64;
         }

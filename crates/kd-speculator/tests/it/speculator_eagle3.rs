@@ -462,6 +462,90 @@ fn the_dry_run_states_what_the_target_cache_holds() {
     assert!(off.contains("on every micro-batch"), "{off}");
 }
 
+/// `--max_seq_length` cutting rows: a row cut at its completion's end (its prompt whole) is the
+/// first positions of what the target computed while generating, and is kept then; a row
+/// whose prompt was cut starts elsewhere, and the target runs over it in training. Both train
+/// as a run whose target runs over every row in training does, to rounding. The prompts are
+/// the first two words of demo questions without the system message (two distinct ones from
+/// each domain, 40), so that many fit in half of 40 positions and keep their prompts whole.
+#[test]
+fn rows_cut_short_of_their_completion_are_kept_while_generating() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data/short");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut domains: Vec<_> = std::fs::read_dir(demo().join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("batch_input.jsonl"))
+        .collect();
+    domains.sort();
+    let (mut lines, mut seen) = (String::new(), std::collections::HashSet::new());
+    for file in domains {
+        let mut taken = 0;
+        for line in std::fs::read_to_string(file).unwrap().lines() {
+            let mut request: serde_json::Value = serde_json::from_str(line).unwrap();
+            let messages = request["body"]["messages"].as_array_mut().unwrap();
+            messages.retain(|m| m["role"] != "system");
+            let question = messages.last_mut().unwrap();
+            let words: Vec<&str> = question["content"].as_str().unwrap().split(' ').collect();
+            let short = words[..words.len().min(2)].join(" ");
+            if !seen.insert(short.clone()) {
+                continue;
+            }
+            question["content"] = short.into();
+            lines.push_str(&format!("{request}\n"));
+            taken += 1;
+            if taken == 2 {
+                break;
+            }
+        }
+    }
+    std::fs::write(data.join("batch_input.jsonl"), lines).unwrap();
+    let config = SpeculatorConfig {
+        data_dir: dir.path().join("data"),
+        max_samples: None,
+        max_seq_length: 40,
+        target_cache_dir: Some(dir.path().join("rows")),
+        target_cache_mb: 0,
+        num_epochs: 2,
+        eval_fraction: 0.0,
+        ..small_eagle3(&dir.path().join("kept"))
+    };
+    let mut phases = Phases::default();
+    let kept = run(&config, &mut phases).unwrap();
+    let trained = kept.prompts.1;
+    // How many rows the cut shortened, from its warning.
+    let cut: usize = phases
+        .1
+        .iter()
+        .find_map(|w| w.split_once(" examples were cut to --max_seq_length 40"))
+        .map(|(n, _)| n.parse().unwrap())
+        .expect("some rows are cut");
+    let t = kept.target_rows.unwrap();
+    assert_eq!(t.captured + t.misses, trained, "{t:?}");
+    // Rows the cut shortened were kept while generating, and others were computed.
+    assert!(t.captured > trained - cut, "{t:?}, {cut} of {trained} cut");
+    assert!(t.misses > 0, "{t:?}");
+    assert_eq!(t.disk_writes, trained, "{t:?}");
+    let computed = run(
+        &SpeculatorConfig {
+            output_dir: dir.path().join("computed"),
+            target_cache_dir: None,
+            ..config.clone()
+        },
+        &mut Phases::default(),
+    )
+    .unwrap();
+    assert_eq!(computed.target_rows.unwrap().misses, 2 * trained);
+    let (a, b) = (
+        kept.train.last_loss.unwrap(),
+        computed.train.last_loss.unwrap(),
+    );
+    assert!(
+        (a - b).abs() <= 1e-4 * b.abs(),
+        "last loss {a} with the generation's rows, {b} with the training's passes"
+    );
+}
+
 /// `--target_cache_dir`: the run keeps what the target computed for each training row while
 /// it generated the row's completion there, under a manifest naming the target's fingerprint
 /// and the layers, and trains on it without a pass of the target of its own; its losses are

@@ -309,6 +309,52 @@ fn replicas_share_the_prompts_and_agree_with_one_teacher() {
     assert!(ReplicatedTeacher::<kd_teacher::LocalTeacher>::new(vec![]).is_err());
 }
 
+/// Replicas capturing, each over its share of the prompts, give the completions of plain
+/// generation and, row by row, the numbers one teacher captures over all the prompts (its
+/// batches pair other rows, so to rounding).
+#[test]
+fn replicas_capture_what_one_teacher_captures() {
+    use kd_teacher::ReplicatedTeacher;
+    let ps = prompts(7);
+    let params = SamplingParams {
+        max_new_tokens: 5,
+        temperature: 0.7,
+        top_k: 30,
+        seed: 3,
+        ..SamplingParams::default()
+    };
+    let layers = [1, 3];
+    let plain = teacher(2).generate(&ps, &params).unwrap();
+    let one = teacher(2).generate_captured(&ps, &params, &layers).unwrap();
+    let many = ReplicatedTeacher::new(vec![teacher(2), teacher(2), teacher(2)]).unwrap();
+    let got = many.generate_captured(&ps, &params, &layers).unwrap();
+    assert_eq!(got.len(), ps.len());
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "{what}: {worst}");
+    };
+    for (r, ((g, row), (g1, row1))) in got.iter().zip(&one).enumerate() {
+        assert_eq!(g.ids, plain[r].ids, "row {r}");
+        assert_eq!(g1.ids, plain[r].ids, "row {r}");
+        let n = ps[r].ids.len() + g.ids.len();
+        assert_eq!(
+            (row.len, row.logits_from),
+            (n, ps[r].ids.len() - 1),
+            "row {r}"
+        );
+        assert_eq!((row1.len, row1.logits_from), (row.len, row.logits_from));
+        assert_eq!(row.hidden.len(), n * layers.len() * 48, "row {r}");
+        assert_eq!(row.argmax, row1.argmax, "row {r}");
+        close(&row.hidden, &row1.hidden, &format!("row {r} hidden"));
+        close(&row.log_z, &row1.log_z, &format!("row {r} log_z"));
+    }
+}
+
 #[test]
 fn generation_returns_hidden_states_over_prompt_and_completion() {
     use kd_model::{ForwardOptions, HiddenStates, TokenBatch};
