@@ -406,9 +406,9 @@ fn eagle3_plan(
             bytes_per_token as f64 / 1e3,
             (bytes_per_token * positions) as f64 / 1e6,
             if config.teacher_url.is_none() {
-                "; the target in this process writes each row as it generates the completion \
-                 (a row --max_seq_length cuts short of its whole prompt excepted), and training \
-                 runs no pass of the target"
+                "; the target in this process writes each row as it generates the completion, \
+                 and training runs no pass of the target (but over a row whose prompt \
+                 --max_seq_length cuts)"
             } else {
                 ""
             }

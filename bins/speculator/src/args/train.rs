@@ -266,8 +266,9 @@ pub struct TrainArgs {
     /// EAGLE-3: also keep what the target gives each training row on disk, in DIR (one
     /// safetensors file per row), and read it back there in later runs instead of running the
     /// target: reruns with other settings, resumes and continued drafts skip the target. A
-    /// target in this process (one device) keeps each row as it generates the completion, so
-    /// that training runs no pass of the target at all.
+    /// target in this process (on one device or several) keeps each row as it generates the
+    /// completion, so that training runs no pass of the target (but over a row whose prompt
+    /// --max_seq_length cuts).
     #[arg(long, value_name = "DIR")]
     pub target_cache_dir: Option<PathBuf>,
 }

@@ -526,16 +526,26 @@ fn rows_cut_short_of_their_completion_are_kept_while_generating() {
     assert!(t.captured > trained - cut, "{t:?}, {cut} of {trained} cut");
     assert!(t.misses > 0, "{t:?}");
     assert_eq!(t.disk_writes, trained, "{t:?}");
+    let t = trains_as_if_computed(&config, &kept, &dir.path().join("computed"));
+    assert_eq!((t.captured, t.misses), (0, 2 * trained));
+}
+
+/// `config` run again into `out` without a rows directory, so that its target runs over every
+/// row in training: its last loss is `kept`'s to 1e-4 (relative). Returns its row counts.
+fn trains_as_if_computed(
+    config: &SpeculatorConfig,
+    kept: &kd_speculator::SpeculatorSummary,
+    out: &Path,
+) -> kd_speculator::eagle3::CacheStats {
     let computed = run(
         &SpeculatorConfig {
-            output_dir: dir.path().join("computed"),
+            output_dir: out.to_path_buf(),
             target_cache_dir: None,
             ..config.clone()
         },
         &mut Phases::default(),
     )
     .unwrap();
-    assert_eq!(computed.target_rows.unwrap().misses, 2 * trained);
     let (a, b) = (
         kept.train.last_loss.unwrap(),
         computed.train.last_loss.unwrap(),
@@ -544,6 +554,7 @@ fn rows_cut_short_of_their_completion_are_kept_while_generating() {
         (a - b).abs() <= 1e-4 * b.abs(),
         "last loss {a} with the generation's rows, {b} with the training's passes"
     );
+    computed.target_rows.unwrap()
 }
 
 /// `--target_cache_dir`: the run keeps what the target computed for each training row while
@@ -574,25 +585,8 @@ fn target_rows_kept_on_disk_serve_a_second_run() {
         (t.captured, t.misses, t.disk_writes, t.disk_reads, t.hits),
         (trained, 0, trained, 2 * trained, 0)
     );
-    let computed = run(
-        &SpeculatorConfig {
-            output_dir: dir.path().join("computed"),
-            target_cache_dir: None,
-            ..config.clone()
-        },
-        &mut Phases::default(),
-    )
-    .unwrap();
-    let t = computed.target_rows.unwrap();
+    let t = trains_as_if_computed(&config, &first, &dir.path().join("computed"));
     assert_eq!((t.captured, t.misses), (0, 2 * trained));
-    let (a, b) = (
-        first.train.last_loss.unwrap(),
-        computed.train.last_loss.unwrap(),
-    );
-    assert!(
-        (a - b).abs() <= 1e-4 * b.abs(),
-        "last loss {a} with the generation's rows, {b} with the training's passes"
-    );
     let manifest: kd_speculator::eagle3::TargetRowsManifest = serde_json::from_slice(
         &std::fs::read(rows.join(kd_speculator::eagle3::TARGET_ROWS_MANIFEST)).unwrap(),
     )

@@ -281,17 +281,21 @@ fn scores_match_a_plain_forward_pass_with_hidden_states() {
     assert!(err.to_string().contains("hidden layer 99"), "{err}");
 }
 
-#[test]
-fn replicas_share_the_prompts_and_agree_with_one_teacher() {
-    use kd_teacher::ReplicatedTeacher;
-    let ps = prompts(7);
-    let params = SamplingParams {
+/// Five tokens sampled at temperature 0.7 from the top 30, seed 3.
+fn sampled_five() -> SamplingParams {
+    SamplingParams {
         max_new_tokens: 5,
         temperature: 0.7,
         top_k: 30,
         seed: 3,
         ..SamplingParams::default()
-    };
+    }
+}
+
+#[test]
+fn replicas_share_the_prompts_and_agree_with_one_teacher() {
+    use kd_teacher::ReplicatedTeacher;
+    let (ps, params) = (prompts(7), sampled_five());
     let one = teacher(2).generate(&ps, &params).unwrap();
     let many = ReplicatedTeacher::new(vec![teacher(2), teacher(2), teacher(2)]).unwrap();
     let got = many.generate(&ps, &params).unwrap();
@@ -315,14 +319,7 @@ fn replicas_share_the_prompts_and_agree_with_one_teacher() {
 #[test]
 fn replicas_capture_what_one_teacher_captures() {
     use kd_teacher::ReplicatedTeacher;
-    let ps = prompts(7);
-    let params = SamplingParams {
-        max_new_tokens: 5,
-        temperature: 0.7,
-        top_k: 30,
-        seed: 3,
-        ..SamplingParams::default()
-    };
+    let (ps, params) = (prompts(7), sampled_five());
     let layers = [1, 3];
     let plain = teacher(2).generate(&ps, &params).unwrap();
     let one = teacher(2).generate_captured(&ps, &params, &layers).unwrap();
