@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::batch::{ForwardOptions, HiddenStates, PaddingSide, TokenBatch};
 use crate::error::{ModelError, Result};
 use crate::model::{Llama, ModelOutput};
-use crate::sampling::{Sampling, choose, log_prob};
+use crate::sampling::{Sampling, argmax, choose, log_prob};
 
 /// New-token slots `generate` allocates up front per row (the KV cache grows beyond).
 const PREALLOCATED_NEW: usize = 1024;
@@ -126,14 +126,10 @@ impl CapturedRow {
 /// The log-normaliser `ln Σ exp(logits)` and the argmax (the lowest id among equal maxima)
 /// of one position's logits.
 fn log_z_and_argmax(logits: &[f32]) -> (f32, u32) {
-    let (mut best, mut at) = (f32::NEG_INFINITY, 0usize);
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best {
-            (best, at) = (v, i);
-        }
-    }
+    let at = argmax(logits);
+    let best = logits[at as usize];
     let sum: f64 = logits.iter().map(|&v| f64::from((v - best).exp())).sum();
-    (best + sum.ln() as f32, at as u32)
+    (best + sum.ln() as f32, at)
 }
 
 /// The hidden states the decode loop keeps ([`Llama::generate_captured`]).

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use kd_eval::{EvalOptions, SpecConfig};
 use kd_lora::{LoraConfig, TargetModules};
-use kd_model::{Llama, Sampling};
+use kd_model::{CapturedRow, Llama, Sampling};
 use kd_teacher::{
-    LocalTeacher, RemoteConfig, RemoteTeacher, ReplicatedTeacher, SamplingParams, Teacher,
-    model_fingerprint,
+    Generation, LocalTeacher, Prompt, RemoteConfig, RemoteTeacher, ReplicatedTeacher,
+    SamplingParams, Teacher, model_fingerprint,
 };
 
 use crate::config::SpeculatorConfig;
@@ -31,6 +31,30 @@ impl TeacherBackend {
             Self::Local(t) => t.as_ref(),
             Self::Replicated(t) => t,
             Self::Remote(t, _) => t.as_ref(),
+        }
+    }
+
+    /// The target in this process (on one device or several), whose decode loop can keep what
+    /// it computes ([`LocalTeacher::generate_captured`]); not a remote one.
+    pub(crate) fn in_process(&self) -> bool {
+        !matches!(self, Self::Remote(..))
+    }
+
+    /// [`Teacher::generate`] with what the target in this process computed at every position
+    /// of each prompt and completion (`layers`' hidden states, the logits' normaliser and
+    /// argmax); an error for a remote target ([`in_process`](Self::in_process)).
+    pub(crate) fn generate_captured(
+        &self,
+        prompts: &[Prompt],
+        params: &SamplingParams,
+        layers: &[usize],
+    ) -> kd_teacher::Result<Vec<(Generation, CapturedRow)>> {
+        match self {
+            Self::Local(t) => t.generate_captured(prompts, params, layers),
+            Self::Replicated(t) => t.generate_captured(prompts, params, layers),
+            Self::Remote(..) => Err(kd_teacher::TeacherError::Config(
+                "a remote target keeps no hidden states while it generates".into(),
+            )),
         }
     }
 

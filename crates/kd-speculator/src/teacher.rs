@@ -3,9 +3,9 @@
 //! request ends after the shard in progress).
 
 use kd_teacher::{
-    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, LocalTeacher, Prompt,
-    ReplicatedTeacher, SamplingParams, ScoreCache, ScoreCacheManifest, ScoreOptions, Scores,
-    Teacher, prompts_hash, sequences_hash, template_hash,
+    CacheManifest, Generation, GenerationCache, LAST_HIDDEN_LAYER, Prompt, SamplingParams,
+    ScoreCache, ScoreCacheManifest, ScoreOptions, Scores, Teacher, prompts_hash, sequences_hash,
+    template_hash,
 };
 
 use kd_pipeline::continue_unless_stopped;
@@ -26,54 +26,11 @@ use crate::setup::{Setup, teacher_cache_dir};
 /// shard: a resumed run finds the rows of every shard it does not generate again. The
 /// completions are those the target makes without it.
 struct Capturing<'a> {
-    teacher: Target<'a>,
+    teacher: &'a TeacherBackend,
     layers: Vec<usize>,
     rows: &'a TargetCache,
     max_seq_length: usize,
-}
-
-/// The target in this process, as [`Capturing`] runs it.
-#[derive(Clone, Copy)]
-enum Target<'a> {
-    One(&'a LocalTeacher),
-    Replicas(&'a ReplicatedTeacher<LocalTeacher>),
-}
-
-impl<'a> Target<'a> {
-    /// The target in this process, if the run's teacher is there.
-    fn of(teacher: &'a TeacherBackend) -> Option<Self> {
-        match teacher {
-            TeacherBackend::Local(t) => Some(Self::One(t)),
-            TeacherBackend::Replicated(t) => Some(Self::Replicas(t)),
-            TeacherBackend::Remote(..) => None,
-        }
-    }
-
-    fn local(self) -> &'a LocalTeacher {
-        match self {
-            Self::One(t) => t,
-            Self::Replicas(t) => &t.replicas()[0],
-        }
-    }
-
-    fn generate_captured(
-        self,
-        prompts: &[Prompt],
-        params: &SamplingParams,
-        layers: &[usize],
-    ) -> kd_teacher::Result<Vec<(Generation, kd_model::CapturedRow)>> {
-        match self {
-            Self::One(t) => t.generate_captured(prompts, params, layers),
-            Self::Replicas(t) => t.generate_captured(prompts, params, layers),
-        }
-    }
-
-    fn teacher(self) -> &'a dyn Teacher {
-        match self {
-            Self::One(t) => t,
-            Self::Replicas(t) => t,
-        }
-    }
+    vocab: usize,
 }
 
 impl Teacher for Capturing<'_> {
@@ -82,7 +39,6 @@ impl Teacher for Capturing<'_> {
         prompts: &[Prompt],
         params: &SamplingParams,
     ) -> kd_teacher::Result<Vec<Generation>> {
-        let vocab = self.teacher.local().model().config().vocab_size;
         let captured = self
             .teacher
             .generate_captured(prompts, params, &self.layers)?;
@@ -95,7 +51,7 @@ impl Teacher for Capturing<'_> {
                     &generation.ids,
                     &row,
                     self.max_seq_length,
-                    vocab,
+                    self.vocab,
                 );
                 generation
             })
@@ -148,12 +104,13 @@ pub(crate) fn generate_completions(
     let world = kd_dist::world();
     let gen_cache = GenerationCache::open_across(world, &cache_dir.join("generations"), manifest)?;
     let total = prompts.len();
-    let capturing = match (Target::of(teacher), target_rows) {
-        (Some(target), Some(rows)) if rows.captures() => Some(Capturing {
-            teacher: target,
-            layers: captured_layers(config, target.local().model()),
+    let capturing = match (teacher.target(), target_rows) {
+        (Some(target), Some(rows)) if teacher.in_process() && rows.captures() => Some(Capturing {
+            teacher,
+            layers: captured_layers(config, target),
             rows,
             max_seq_length: config.max_seq_length,
+            vocab: target.config().vocab_size,
         }),
         _ => None,
     };

@@ -324,9 +324,9 @@ impl TargetCache {
     /// state and uniform normaliser (no counted position reads them: a position counts when
     /// the next token is a completion token). A row that `max_seq_length` cuts at its
     /// completion's end (the prompt kept whole) is the first positions of the captured one: a
-    /// position's numbers depend only on the tokens up to it. Nothing is kept, and `false`
-    /// returned, for an empty completion, for a row whose prompt the cut shortened (it starts
-    /// elsewhere, so its targets differ; training computes it), and without a directory
+    /// position's numbers depend only on the tokens up to it. Nothing is kept for an empty
+    /// completion, for a row whose prompt the cut shortened (it starts elsewhere, so its
+    /// targets differ; training computes it), and without a directory
     /// ([`captures`](Self::captures)).
     pub(crate) fn keep_generated(
         &self,
@@ -335,10 +335,10 @@ impl TargetCache {
         row: &kd_model::CapturedRow,
         max_seq_length: usize,
         vocab: usize,
-    ) -> bool {
+    ) {
         let n = prompt.len() + completion.len();
         if !self.captures() || completion.is_empty() || row.len != n || n == 0 {
-            return false;
+            return;
         }
         let options = kd_data::ExampleOptions {
             max_seq_length,
@@ -348,8 +348,8 @@ impl TargetCache {
         // The training row: all of the captured one, or its first `m` positions when the cut
         // took the completion's end only.
         let m = example.input_ids.len();
-        if example.prompt_len != prompt.len() || m == 0 || m > n {
-            return false;
+        if example.prompt_len != prompt.len() || m == 0 {
+            return;
         }
         // The key the trainer's row of this example alone has.
         let batch = kd_data::collate(&[example], &[vec![0]], 0, m);
@@ -358,7 +358,7 @@ impl TargetCache {
         let width = row.hidden.len() / n;
         let d = width / 4;
         if d == 0 || width != 4 * d || row.hidden.len() != n * width {
-            return false;
+            return;
         }
         let mut targets = RowTargets {
             features: Vec::with_capacity(m * 3 * d),
@@ -381,7 +381,6 @@ impl TargetCache {
         }
         self.lock().captured += 1;
         self.insert(key, Arc::new(targets));
-        true
     }
 
     /// The row keyed `key` from memory, else from disk (then kept in memory while there is
