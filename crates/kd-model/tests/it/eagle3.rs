@@ -200,19 +200,7 @@ fn export_names_and_values_are_specforge_s() {
 #[test]
 fn a_missing_embedding_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixtures().join("eagle3/config.json"),
-        dir.path().join("config.json"),
-    )
-    .unwrap();
-    let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let kept: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
-        .tensors()
-        .into_iter()
-        .filter(|(k, _)| k != "embed_tokens.weight")
-        .collect();
-    safetensors::serialize_to_file(kept, None, &dir.path().join("model.safetensors")).unwrap();
+    fixture_without_embedding(dir.path(), "eagle3/config.json");
     let err = Eagle3Draft::load(dir.path(), None, &cpu())
         .unwrap_err()
         .to_string();
@@ -220,6 +208,133 @@ fn a_missing_embedding_is_named() {
     // Given the target's embedding, it loads.
     let embedding = draft().embed_tokens.val();
     Eagle3Draft::load(dir.path(), Some(embedding), &cpu()).unwrap();
+}
+
+/// The fixture's draft written to `dir` without the embedding (as SpecForge exports a draft),
+/// with the configuration `config` (a path under `fixtures/`).
+fn fixture_without_embedding(dir: &std::path::Path, config: &str) {
+    std::fs::copy(fixtures().join(config), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .filter(|(k, _)| k != "embed_tokens.weight")
+        .collect();
+    safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
+}
+
+/// `export --to vllm` against vLLM's own `speculators` library (0.9.0):
+/// `fixtures/eagle3/speculators/converted/` is what its converter wrote for the same
+/// SpecForge-layout draft (`fixtures/make_speculators_golden.py`, which also ran its model
+/// class on that directory and on this export: the SpecForge goldens within 4e-6). The export
+/// holds the same tensors, bit for bit, and every configuration value speculators wrote but
+/// its provenance; reading the converter's output back gives the fixture's draft.
+#[test]
+fn a_vllm_export_is_what_speculators_writes() {
+    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("specforge");
+    std::fs::create_dir(&src).unwrap();
+    // The fixture naming its feature layers, as SpecForge writes them.
+    fixture_without_embedding(&src, "eagle3/speculators/specforge-config.json");
+    let out = tmp.path().join("vllm");
+    let verifier = SpeculatorsVerifier {
+        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
+        architectures: vec!["LlamaForCausalLM".into()],
+        speculative_tokens: 3,
+    };
+    export_eagle3(&src, &out, &Eagle3Format::Speculators(verifier)).unwrap();
+    let theirs_dir = fixtures().join("eagle3/speculators/converted");
+
+    let (ours, theirs) = (
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+        std::fs::read(theirs_dir.join("model.safetensors")).unwrap(),
+    );
+    let (ours, theirs) = (
+        SafeTensors::deserialize(&ours).unwrap(),
+        SafeTensors::deserialize(&theirs).unwrap(),
+    );
+    let sorted = |st: &SafeTensors| {
+        let mut n: Vec<String> = st.names().into_iter().map(String::from).collect();
+        n.sort();
+        n
+    };
+    assert_eq!(sorted(&ours), sorted(&theirs));
+    for name in sorted(&theirs) {
+        let (a, b) = (ours.tensor(&name).unwrap(), theirs.tensor(&name).unwrap());
+        assert_eq!(a.dtype(), b.dtype(), "{name}");
+        assert_eq!(a.shape(), b.shape(), "{name}");
+        assert!(a.data() == b.data(), "{name}: values differ");
+    }
+
+    let json = |p: std::path::PathBuf| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let (ours, theirs) = (
+        json(out.join("config.json")),
+        json(theirs_dir.join("config.json")),
+    );
+    // Provenance and settings with no bearing on the draft: versions, the config class's
+    // module for `trust_remote_code` (vLLM parses the JSON itself), training flags at their
+    // defaults, a padding id for an embedding the draft does not carry.
+    let provenance = [
+        "speculators_version",
+        "transformers_version",
+        "dtype",
+        "auto_map",
+        "embed_requires_grad",
+        "tie_word_embeddings",
+        "pad_token_id",
+    ];
+    fn same(path: &str, theirs: &serde_json::Value, ours: &serde_json::Value, skip: &[&str]) {
+        match theirs {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    if skip.contains(&k.as_str()) {
+                        continue;
+                    }
+                    let at = format!("{path}.{k}");
+                    let mine = ours
+                        .get(k)
+                        .unwrap_or_else(|| panic!("{at} missing from the export"));
+                    same(&at, v, mine, skip);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                let mine = ours.as_array().unwrap_or_else(|| panic!("{path}"));
+                assert_eq!(items.len(), mine.len(), "{path}");
+                for (i, (a, b)) in items.iter().zip(mine).enumerate() {
+                    same(&format!("{path}[{i}]"), a, b, skip);
+                }
+            }
+            serde_json::Value::Number(n) => {
+                let a = n.as_f64().unwrap();
+                let b = ours
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("{path}: ours {ours}"));
+                assert!(a == b, "{path}: speculators {a}, ours {b}");
+            }
+            // `null` target_hidden_size means the draft's width, which the export states.
+            serde_json::Value::Null if path == ".target_hidden_size" => {}
+            _ => assert_eq!(theirs, ours, "{path}"),
+        }
+    }
+    same("", &theirs, &ours, &provenance);
+    assert_eq!(
+        ours["target_hidden_size"],
+        theirs["transformer_layer_config"]["hidden_size"]
+    );
+
+    // Reading speculators' file back: the fixture's draft, the feature layers as written.
+    let embedding = draft().embed_tokens.val();
+    let loaded = Eagle3Draft::load(&theirs_dir, Some(embedding), &cpu()).unwrap();
+    assert_eq!(loaded.config().aux_layers, Some([2, 4, 6]));
+    assert_eq!(loaded.vocab(), draft().vocab());
+    let original = draft().named_tensors();
+    for (name, data) in loaded.named_tensors() {
+        assert_eq!(original[&name], data, "{name}");
+    }
 }
 
 /// `w` `[in, out]` rounded to Q8_0 blocks along `in` (as `with_q8_0_weights` stores it) and
