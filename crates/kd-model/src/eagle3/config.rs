@@ -28,6 +28,11 @@ pub struct Eagle3Config {
     /// capture the output of the layer they name). `None` when the file says neither; servers
     /// then take their default, the same layers `[2, L/2, L − 3]` here.
     pub aux_layers: Option<[usize; 3]>,
+    /// `norm_before_residual`: the decoder layer's residual is the normalised hidden input
+    /// (`hidden_norm(hidden)`) instead of the raw one. SpecForge and SGLang have only the raw
+    /// residual (false); vLLM's `speculators` drafts (Red Hat's among them) and llama.cpp
+    /// (`eagle3.norm_before_residual`) take either. Written to `config.json` only when true.
+    pub norm_before_residual: bool,
 }
 
 impl Eagle3Config {
@@ -62,6 +67,7 @@ impl Eagle3Config {
             target_hidden_size: target.hidden_size,
             draft_vocab_size,
             aux_layers: None,
+            norm_before_residual: false,
             llama,
         })
     }
@@ -78,6 +84,9 @@ impl Eagle3Config {
             map.insert("draft_vocab_size".into(), self.draft_vocab_size.into());
             if self.target_hidden_size != self.llama.hidden_size {
                 map.insert("target_hidden_size".into(), self.target_hidden_size.into());
+            }
+            if self.norm_before_residual {
+                map.insert("norm_before_residual".into(), true.into());
             }
             if let Some(layers) = self.aux_layers {
                 map.insert("eagle_aux_hidden_state_layer_ids".into(), layers.into());
@@ -132,6 +141,12 @@ impl Eagle3Config {
         })?;
         let target_hidden_size = size("target_hidden_size")?;
         let aux_layers = aux_layers(map, path)?;
+        let norm_before_residual = match map.get("norm_before_residual") {
+            None | Some(Value::Null) => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                ModelError::config(path, "norm_before_residual", "expected true or false")
+            })?,
+        };
         // The rest is a Llama configuration: read it as one, with the same checks.
         map.insert(
             "architectures".into(),
@@ -142,6 +157,7 @@ impl Eagle3Config {
             "target_hidden_size",
             "eagle_config",
             "eagle_aux_hidden_state_layer_ids",
+            "norm_before_residual",
         ] {
             map.remove(key);
         }
@@ -177,6 +193,7 @@ impl Eagle3Config {
             target_hidden_size: target_hidden_size.unwrap_or(llama.hidden_size),
             draft_vocab_size,
             aux_layers,
+            norm_before_residual,
             llama,
         })
     }
@@ -294,5 +311,59 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("eagle_aux_hidden_state_layer_ids"), "{err}");
+
+        // `norm_before_residual`: false unless stated, kept through `to_json`, a bool or an
+        // error naming it.
+        assert!(
+            !Eagle3Config::from_json_str(base)
+                .unwrap()
+                .norm_before_residual
+        );
+        assert!(base_json_lacks(base, "norm_before_residual"));
+        let nbr = base.replace("32}", r#"32, "norm_before_residual": true}"#);
+        let c = Eagle3Config::from_json_str(&nbr).unwrap();
+        assert!(c.norm_before_residual);
+        assert!(
+            Eagle3Config::from_json_str(&c.to_json().to_string())
+                .unwrap()
+                .norm_before_residual
+        );
+        let err = Eagle3Config::from_json_str(&nbr.replace("true}", "\"yes\"}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("norm_before_residual"), "{err}");
+    }
+
+    fn base_json_lacks(text: &str, key: &str) -> bool {
+        let json = Eagle3Config::from_json_str(text).unwrap().to_json();
+        json.get(key).is_none()
+    }
+
+    /// A `speculators` config: `norm_before_residual` is read; the normalisations SpecForge's
+    /// layer has no counterpart for are refused by name.
+    #[test]
+    fn speculators_configs_read_norm_before_residual_and_refuse_the_rest() {
+        let layer = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+            "vocab_size": 96, "rms_norm_eps": 1e-5}"#;
+        let config = |extra: &str| {
+            format!(
+                r#"{{"speculators_model_type": "eagle3", "draft_vocab_size": 32,
+                "transformer_layer_config": {layer}{extra}}}"#
+            )
+        };
+        assert!(
+            !Eagle3Config::from_json_str(&config(""))
+                .unwrap()
+                .norm_before_residual
+        );
+        let c = Eagle3Config::from_json_str(&config(r#", "norm_before_residual": true"#)).unwrap();
+        assert!(c.norm_before_residual);
+        for key in ["norm_before_fc", "fc_norm", "norm_output"] {
+            let err = Eagle3Config::from_json_str(&config(&format!(r#", "{key}": true"#)))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+        }
     }
 }

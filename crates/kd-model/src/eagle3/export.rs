@@ -87,6 +87,15 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
         Eagle3Format::SpecForge => "midlayer.",
         Eagle3Format::Speculators(_) => "layers.0.",
     };
+    if config.norm_before_residual && *format == Eagle3Format::SpecForge {
+        return Err(ModelError::config(
+            src.join("config.json"),
+            "norm_before_residual",
+            "true: SGLang's and SpecForge's EAGLE-3 layer always adds the raw hidden state as \
+             the residual and has no such option, so SGLang would serve this draft computing \
+             something else; export it --to vllm or --to gguf, which take the setting",
+        ));
+    }
     let expected = expected_tensors(&config);
     // Every tensor of the file is one of the draft's (or the embedding, dropped).
     for name in st.names() {
@@ -151,8 +160,8 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
 }
 
 /// The `config.json` of vLLM's `speculators` format: the decoder layer's Llama configuration
-/// as `transformer_layer_config`, SpecForge's semantics stated (`norm_before_residual`
-/// false: vLLM assumes true when the key is missing), the feature layers in vLLM's indexing.
+/// as `transformer_layer_config`, `norm_before_residual` always stated (vLLM assumes true
+/// when the key is missing), the feature layers in vLLM's indexing.
 fn speculators_json(c: &Eagle3Config, v: &SpeculatorsVerifier) -> Value {
     let mut layer = c.llama.to_json();
     if let Some(map) = layer.as_object_mut() {
@@ -163,7 +172,7 @@ fn speculators_json(c: &Eagle3Config, v: &SpeculatorsVerifier) -> Value {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
         "draft_vocab_size": c.draft_vocab_size,
-        "norm_before_residual": false,
+        "norm_before_residual": c.norm_before_residual,
         "norm_before_fc": false,
         "fc_norm": false,
         "norm_output": false,
@@ -203,12 +212,7 @@ pub(super) fn from_speculators(value: &Value, path: &Path) -> Result<Option<Valu
             format!("{kind}: only eagle3 drafts are read"),
         ));
     }
-    for key in [
-        "norm_before_residual",
-        "norm_before_fc",
-        "fc_norm",
-        "norm_output",
-    ] {
+    for key in ["norm_before_fc", "fc_norm", "norm_output"] {
         if value.get(key).and_then(Value::as_bool) == Some(true) {
             return Err(ModelError::config(
                 path,
@@ -234,6 +238,7 @@ pub(super) fn from_speculators(value: &Value, path: &Path) -> Result<Option<Valu
         "draft_vocab_size",
         "target_hidden_size",
         "eagle_aux_hidden_state_layer_ids",
+        "norm_before_residual",
     ] {
         if let Some(v) = value.get(key).filter(|v| !v.is_null()) {
             out.insert(key.into(), v.clone());

@@ -157,7 +157,10 @@ pub fn export_eagle3_gguf(src: &Path, target: &Path, dst: &Path, ty: GgufWeightT
             "eagle3.target_hidden_size",
             u32v(config.target_hidden_size)?,
         ),
-        ("eagle3.norm_before_residual", Value::Bool(false)),
+        (
+            "eagle3.norm_before_residual",
+            Value::Bool(config.norm_before_residual),
+        ),
     ];
     for (k, v) in keys {
         w.add(k, v)?;

@@ -116,7 +116,11 @@ pub(crate) fn forward_cached(
         attention::forward(&q, (ks, vs, stride), &job, dims).0
     });
     let out = swap_seq_heads(out, 1, h, s, hd);
-    let mut x = hidden.to_vec();
+    let mut x = if draft.config.norm_before_residual {
+        hn
+    } else {
+        hidden.to_vec()
+    };
     for (xv, ov) in x.iter_mut().zip(pack(packs, Proj::O).project(&out, s)) {
         *xv += ov;
     }

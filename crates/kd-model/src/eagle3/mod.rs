@@ -6,7 +6,8 @@
 //!   concatenated low, mid, high.
 //! - The decoder layer's q/k/v read `2·d` inputs: `cat(RMSNorm(embedding), RMSNorm(hidden))`,
 //!   embedding half first (`input_layernorm`, `hidden_norm`); the residual is the hidden
-//!   stream; then the usual post-attention norm and SwiGLU.
+//!   stream (its `hidden_norm` under `norm_before_residual`, as vLLM's `speculators` drafts may
+//!   have it); then the usual post-attention norm and SwiGLU.
 //! - `norm`, then `lm_head` over the draft vocabulary ([`DraftVocab`]: `d2t` offsets and the
 //!   `t2d` mask over the target vocabulary).
 //! - The embedding is the target's, frozen, and not exported.
@@ -378,7 +379,7 @@ impl Eagle3Draft {
         );
         let device = hidden.device();
         let past = cache.len();
-        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), past, true);
+        let (q, k, v, residual) = self.attention_inputs(ids, hidden, past, true);
         let (k, v) = cache.append(k, v);
         let total = past + s;
         let scale = 1.0 / (hd as f64).sqrt();
@@ -398,7 +399,7 @@ impl Eagle3Draft {
             .mul_scalar(scale)
             .mask_fill(mask, f32::NEG_INFINITY);
         let out = softmax(scores, 3).matmul(repeat_kv(v, h));
-        self.finish(hidden, out, true)
+        self.finish(residual, out, true)
     }
 
     /// The configuration.
@@ -435,7 +436,7 @@ impl Eagle3Draft {
             self.config.llama.head_dim,
         );
         let device = hidden.device();
-        let (q, k, v) = self.attention_inputs(ids, hidden.clone(), cache.steps(), false);
+        let (q, k, v, residual) = self.attention_inputs(ids, hidden, cache.steps(), false);
         cache.keys.push(k);
         cache.values.push(v);
         let scale = 1.0 / (hd as f64).sqrt();
@@ -470,19 +471,20 @@ impl Eagle3Draft {
             let a = weights.clone().slice([0..b, 0..h, 0..s, s + i..s + i + 1]);
             out = out + a * vi;
         }
-        self.finish(hidden, out, false)
+        self.finish(residual, out, false)
     }
 
     /// The decoder layer's input and projections: `cat(RMSNorm(embedding), RMSNorm(hidden))`,
     /// then q `[b, heads, s, head_dim]` and k, v `[b, kv_heads, s, head_dim]`, with RoPE at
-    /// positions `first_position + t`.
+    /// positions `first_position + t`; and the residual the layer adds to (`hidden`, or its
+    /// `hidden_norm` under `norm_before_residual`).
     fn attention_inputs(
         &self,
         ids: Tensor<2, Int>,
         hidden: Tensor<3>,
         first_position: usize,
         decode: bool,
-    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>, Tensor<3>) {
         let c = &self.config.llama;
         let [b, s] = ids.dims();
         let (h, kv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
@@ -493,11 +495,14 @@ impl Eagle3Draft {
             .val()
             .select(0, ids.reshape([b * s]))
             .reshape([b, s, c.hidden_size]);
+        let normed = rms_norm(hidden.clone(), &self.hidden_norm, eps);
+        let residual = if self.config.norm_before_residual {
+            normed.clone()
+        } else {
+            hidden
+        };
         let x = Tensor::cat(
-            vec![
-                rms_norm(embedded, &self.input_layernorm, eps),
-                rms_norm(hidden, &self.hidden_norm, eps),
-            ],
+            vec![rms_norm(embedded, &self.input_layernorm, eps), normed],
             2,
         );
         let positions: Vec<i64> = (0..b)
@@ -508,7 +513,7 @@ impl Eagle3Draft {
         let q = apply_rotary(heads(self.proj(x.clone(), Proj::Q, decode), h), &cos, &sin);
         let k = apply_rotary(heads(self.proj(x.clone(), Proj::K, decode), kv), &cos, &sin);
         let v = heads(self.proj(x, Proj::V, decode), kv);
-        (q, k, v)
+        (q, k, v, residual)
     }
 
     /// The rest of the layer from the attention output `[b, heads, s, head_dim]`: `o_proj`,

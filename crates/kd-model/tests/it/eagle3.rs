@@ -50,6 +50,30 @@ fn host(t: Tensor<3>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().unwrap()
 }
 
+/// The fixture's input ids `[batch, seq]` and concatenated target features
+/// `[batch, seq, 3·d]`.
+fn fixture_inputs() -> (Tensor<2, Int>, Tensor<3>) {
+    let inputs = read("inputs.safetensors");
+    let device = cpu();
+    let (ids_shape, ids) = &inputs["input_ids"];
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new(
+            ids.iter().map(|&v| v as i64).collect::<Vec<_>>(),
+            [ids_shape[0], ids_shape[1]],
+        ),
+        &device,
+    );
+    let (shape, features) = &inputs["hidden_states"];
+    let features = Tensor::<3>::from_data(
+        TensorData::new(
+            features.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            [shape[0], shape[1], shape[2]],
+        ),
+        (&device, DType::F32),
+    );
+    (ids, features)
+}
+
 /// Max |ours − f64| over rows `t < rows` of `[batch, seq, width]` tensors, and the bound:
 /// 3 × max |f32 − f64| of the reference itself.
 fn compare(name: &str, ours: &[f32], rows: usize) -> (f64, f64) {
@@ -77,25 +101,9 @@ fn compare(name: &str, ours: &[f32], rows: usize) -> (f64, f64) {
 #[test]
 fn ttt_steps_match_specforge() {
     let draft = draft();
-    let inputs = read("inputs.safetensors");
     let device = cpu();
-    let (ids_shape, ids) = &inputs["input_ids"];
-    let ids = Tensor::<2, Int>::from_data(
-        TensorData::new(
-            ids.iter().map(|&v| v as i64).collect::<Vec<_>>(),
-            [ids_shape[0], ids_shape[1]],
-        ),
-        &device,
-    );
-    let (shape, features) = &inputs["hidden_states"];
-    let features = Tensor::<3>::from_data(
-        TensorData::new(
-            features.iter().map(|&v| v as f32).collect::<Vec<_>>(),
-            [shape[0], shape[1], shape[2]],
-        ),
-        (&device, DType::F32),
-    );
-    let seq = shape[1];
+    let (ids, features) = fixture_inputs();
+    let seq = ids.dims()[1];
 
     let (worst, bound) = compare("fc_out", &host(draft.fuse(features.clone())), seq);
     assert!(worst <= bound, "fc_out: {worst} > {bound}");
@@ -445,9 +453,84 @@ fn decoding_reads_the_q8_0_weights_and_step_0_matches_specforge() {
 /// taken over by the host), then passes of 1–3 positions with rollbacks between them, as
 /// speculative rounds run; every hidden output and logit agrees to f32 rounding, and the
 /// caches hold the same positions.
+/// The fixture's draft as vLLM's `speculators` converted it with `norm_before_residual`
+/// (`fixtures/eagle3/speculators/norm-before-residual/`).
+fn norm_before_residual_draft() -> Eagle3Draft {
+    let dir = fixtures().join("eagle3/speculators/norm-before-residual");
+    Eagle3Draft::load(dir, Some(draft().embed_tokens.val()), &cpu()).unwrap()
+}
+
+/// A draft whose decoder layer adds its normalised hidden input as the residual
+/// (`norm_before_residual`, as Red Hat's speculators drafts have it), read from the
+/// `speculators` layout: its three TTT steps' logits against speculators' own on the same
+/// inputs (`make_speculators_golden.py`; they differ from the plain draft's by up to 3.3); the
+/// setting survives a checkpoint and `--to vllm`, and `--to sglang` is refused by name, since
+/// SGLang's layer has only the raw residual.
+#[test]
+fn a_norm_before_residual_draft_computes_what_speculators_computes() {
+    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+    let nbr = norm_before_residual_draft();
+    assert!(nbr.config().norm_before_residual);
+    assert!(!draft().config().norm_before_residual);
+    let (ids, features) = fixture_inputs();
+    let reference = read("speculators/norm-before-residual/logits.safetensors");
+    for (k, logits) in nbr.unroll(ids, features, 3).into_iter().enumerate() {
+        let (_, theirs) = &reference[&format!("step{k}.logits")];
+        let ours = host(logits);
+        assert_eq!(ours.len(), theirs.len());
+        let worst = ours
+            .iter()
+            .zip(theirs)
+            .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
+        eprintln!("step {k}: max |ours − speculators| {worst:.2e}");
+        assert!(worst <= 2e-5, "step {k}: {worst}");
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    nbr.save(tmp.path().join("checkpoint")).unwrap();
+    let again = Eagle3Draft::load(
+        tmp.path().join("checkpoint"),
+        Some(draft().embed_tokens.val()),
+        &cpu(),
+    )
+    .unwrap();
+    assert!(again.config().norm_before_residual);
+    let verifier = SpeculatorsVerifier {
+        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
+        architectures: vec!["LlamaForCausalLM".into()],
+        speculative_tokens: 3,
+    };
+    let checkpoint = tmp.path().join("checkpoint");
+    export_eagle3(
+        &checkpoint,
+        &tmp.path().join("vllm"),
+        &Eagle3Format::Speculators(verifier),
+    )
+    .unwrap();
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("vllm/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(json["norm_before_residual"], true);
+    let e = export_eagle3(
+        &checkpoint,
+        &tmp.path().join("sglang"),
+        &Eagle3Format::SpecForge,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("norm_before_residual"), "{e}");
+    assert!(!tmp.path().join("sglang").exists());
+}
+
 #[test]
 fn host_decoding_follows_the_burn_path() {
-    let q8 = draft().with_q8_0_weights(true);
+    host_decoding_follows_the_burn_path_of(draft());
+    host_decoding_follows_the_burn_path_of(norm_before_residual_draft());
+}
+
+fn host_decoding_follows_the_burn_path_of(draft: Eagle3Draft) {
+    let q8 = draft.with_q8_0_weights(true);
     let burn = q8.clone().with_host_decoding(false);
     let device = cpu();
     let d = q8.config().llama.hidden_size;
@@ -679,6 +762,21 @@ fn a_draft_exports_as_llama_cpp_s_eagle3_gguf() {
             .collect();
         assert_eq!(d2t, ids);
     }
+    // A draft with `norm_before_residual` says so to llama.cpp.
+    let config_path = src.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["norm_before_residual"] = true.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let path = dir.path().join("draft-nbr.gguf");
+    export_eagle3_gguf(&src, &target_path, &path, GgufWeightType::F32).unwrap();
+    assert_eq!(
+        GgufFile::open(&path)
+            .unwrap()
+            .opt_bool("eagle3.norm_before_residual")
+            .unwrap(),
+        Some(true)
+    );
 }
 
 #[test]
