@@ -199,7 +199,13 @@ impl Eagle3Draft {
                 )));
             }
         };
-        let d2t = file.ints("d2t")?;
+        // A draft over the whole target vocabulary maps ids to themselves; speculators stores
+        // no `d2t` for it.
+        let d2t = if !file.has("d2t") && dv == vocab {
+            vec![0; dv]
+        } else {
+            file.ints("d2t")?
+        };
         if d2t.len() != dv {
             return Err(file.error("d2t", format!("{} entries, expected {dv}", d2t.len())));
         }

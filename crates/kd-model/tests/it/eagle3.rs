@@ -232,29 +232,9 @@ fn fixture_without_embedding(dir: &std::path::Path, config: &str) {
     safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
 }
 
-/// `export --to vllm` against vLLM's own `speculators` library (0.9.0):
-/// `fixtures/eagle3/speculators/converted/` is what its converter wrote for the same
-/// SpecForge-layout draft (`fixtures/make_speculators_golden.py`, which also ran its model
-/// class on that directory and on this export: the SpecForge goldens within 4e-6). The export
-/// holds the same tensors, bit for bit, and every configuration value speculators wrote but
-/// its provenance; reading the converter's output back gives the fixture's draft.
-#[test]
-fn a_vllm_export_is_what_speculators_writes() {
-    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("specforge");
-    std::fs::create_dir(&src).unwrap();
-    // The fixture naming its feature layers, as SpecForge writes them.
-    fixture_without_embedding(&src, "eagle3/speculators/specforge-config.json");
-    let out = tmp.path().join("vllm");
-    let verifier = SpeculatorsVerifier {
-        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
-        architectures: vec!["LlamaForCausalLM".into()],
-        speculative_tokens: 3,
-    };
-    export_eagle3(&src, &out, &Eagle3Format::Speculators(verifier)).unwrap();
-    let theirs_dir = fixtures().join("eagle3/speculators/converted");
-
+/// The `speculators` directory `out` holds the tensors of `theirs_dir`, bit for bit, and every
+/// configuration value speculators wrote there but its provenance.
+fn same_as_speculators(out: &std::path::Path, theirs_dir: &std::path::Path) {
     let (ours, theirs) = (
         std::fs::read(out.join("model.safetensors")).unwrap(),
         std::fs::read(theirs_dir.join("model.safetensors")).unwrap(),
@@ -333,6 +313,31 @@ fn a_vllm_export_is_what_speculators_writes() {
         ours["target_hidden_size"],
         theirs["transformer_layer_config"]["hidden_size"]
     );
+}
+
+/// `export --to vllm` against vLLM's own `speculators` library (0.9.0):
+/// `fixtures/eagle3/speculators/converted/` is what its converter wrote for the same
+/// SpecForge-layout draft (`fixtures/make_speculators_golden.py`, which also ran its model
+/// class on that directory and on this export: the SpecForge goldens within 4e-6). The export
+/// holds the same tensors, bit for bit, and every configuration value speculators wrote but
+/// its provenance; reading the converter's output back gives the fixture's draft.
+#[test]
+fn a_vllm_export_is_what_speculators_writes() {
+    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("specforge");
+    std::fs::create_dir(&src).unwrap();
+    // The fixture naming its feature layers, as SpecForge writes them.
+    fixture_without_embedding(&src, "eagle3/speculators/specforge-config.json");
+    let out = tmp.path().join("vllm");
+    let verifier = SpeculatorsVerifier {
+        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
+        architectures: vec!["LlamaForCausalLM".into()],
+        speculative_tokens: 3,
+    };
+    export_eagle3(&src, &out, &Eagle3Format::Speculators(verifier)).unwrap();
+    let theirs_dir = fixtures().join("eagle3/speculators/converted");
+    same_as_speculators(&out, &theirs_dir);
 
     // Reading speculators' file back: the fixture's draft, the feature layers as written.
     let embedding = draft().embed_tokens.val();
@@ -521,6 +526,78 @@ fn a_norm_before_residual_draft_computes_what_speculators_computes() {
     .to_string();
     assert!(e.contains("norm_before_residual"), "{e}");
     assert!(!tmp.path().join("sglang").exists());
+}
+
+/// A draft over the target's whole vocabulary as speculators stores one, without `d2t` and
+/// `t2d` (`fixtures/eagle3/speculators/full-vocab/`): read with the identity map, its logits
+/// over all 96 tokens are speculators' own, `--to vllm` writes it back as speculators wrote
+/// it, and `--to sglang` writes the identity maps SpecForge's layout always has. A smaller
+/// draft without `d2t` is an error naming it.
+#[test]
+fn a_whole_vocabulary_draft_without_maps_reads_and_exports() {
+    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+    let dir = fixtures().join("eagle3/speculators/full-vocab");
+    let full = Eagle3Draft::load(&dir, Some(draft().embed_tokens.val()), &cpu()).unwrap();
+    assert_eq!(full.vocab().target_ids(), (0..96).collect::<Vec<u32>>());
+    let (ids, features) = fixture_inputs();
+    let reference = read("speculators/full-vocab/logits.safetensors");
+    for (k, logits) in full.unroll(ids, features, 3).into_iter().enumerate() {
+        let (_, theirs) = &reference[&format!("step{k}.logits")];
+        let ours = host(logits);
+        assert_eq!(ours.len(), theirs.len());
+        let worst = ours
+            .iter()
+            .zip(theirs)
+            .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
+        assert!(worst <= 2e-5, "step {k}: {worst}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let verifier = SpeculatorsVerifier {
+        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
+        architectures: vec!["LlamaForCausalLM".into()],
+        speculative_tokens: 3,
+    };
+    export_eagle3(
+        &dir,
+        &tmp.path().join("vllm"),
+        &Eagle3Format::Speculators(verifier),
+    )
+    .unwrap();
+    same_as_speculators(&tmp.path().join("vllm"), &dir);
+    // SpecForge's layout always holds the maps (its exporter requires them): the identity.
+    export_eagle3(&dir, &tmp.path().join("sglang"), &Eagle3Format::SpecForge).unwrap();
+    let bytes = std::fs::read(tmp.path().join("sglang/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("d2t").unwrap().data(), &[0u8; 8 * 96][..]);
+    assert_eq!(st.tensor("t2d").unwrap().data(), &[1u8; 96][..]);
+    let again = Eagle3Draft::load(
+        tmp.path().join("sglang"),
+        Some(draft().embed_tokens.val()),
+        &cpu(),
+    )
+    .unwrap();
+    assert_eq!(again.named_tensors(), full.named_tensors());
+
+    // The fixture's 32-token draft without its map.
+    let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .filter(|(k, _)| k != "d2t")
+        .collect();
+    let small = tmp.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    safetensors::serialize_to_file(kept, None, &small.join("model.safetensors")).unwrap();
+    std::fs::copy(
+        fixtures().join("eagle3/config.json"),
+        small.join("config.json"),
+    )
+    .unwrap();
+    let e = Eagle3Draft::load(&small, None, &cpu())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("d2t"), "{e}");
 }
 
 #[test]
