@@ -323,18 +323,14 @@ fn same_as_speculators(out: &std::path::Path, theirs_dir: &std::path::Path) {
 /// its provenance; reading the converter's output back gives the fixture's draft.
 #[test]
 fn a_vllm_export_is_what_speculators_writes() {
-    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+    use kd_model::eagle3::{Eagle3Format, export_eagle3};
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("specforge");
     std::fs::create_dir(&src).unwrap();
     // The fixture naming its feature layers, as SpecForge writes them.
     fixture_without_embedding(&src, "eagle3/speculators/specforge-config.json");
     let out = tmp.path().join("vllm");
-    let verifier = SpeculatorsVerifier {
-        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
-        architectures: vec!["LlamaForCausalLM".into()],
-        speculative_tokens: 3,
-    };
+    let verifier = test_verifier();
     export_eagle3(&src, &out, &Eagle3Format::Speculators(verifier)).unwrap();
     let theirs_dir = fixtures().join("eagle3/speculators/converted");
     same_as_speculators(&out, &theirs_dir);
@@ -458,6 +454,33 @@ fn decoding_reads_the_q8_0_weights_and_step_0_matches_specforge() {
 /// taken over by the host), then passes of 1–3 positions with rollbacks between them, as
 /// speculative rounds run; every hidden output and logit agrees to f32 rounding, and the
 /// caches hold the same positions.
+/// The verifier the speculators fixtures name (`fixtures/eagle3/speculators/verifier`).
+fn test_verifier() -> kd_model::eagle3::SpeculatorsVerifier {
+    kd_model::eagle3::SpeculatorsVerifier {
+        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
+        architectures: vec!["LlamaForCausalLM".into()],
+        speculative_tokens: 3,
+    }
+}
+
+/// `draft`'s three TTT steps on the fixture's inputs against speculators' logits for the same
+/// draft (`fixtures/eagle3/speculators/<name>/logits.safetensors`), within 2e-5.
+fn unrolls_as_speculators(draft: &Eagle3Draft, name: &str) {
+    let (ids, features) = fixture_inputs();
+    let reference = read(&format!("speculators/{name}/logits.safetensors"));
+    for (k, logits) in draft.unroll(ids, features, 3).into_iter().enumerate() {
+        let (_, theirs) = &reference[&format!("step{k}.logits")];
+        let ours = host(logits);
+        assert_eq!(ours.len(), theirs.len(), "{name} step {k}");
+        let worst = ours
+            .iter()
+            .zip(theirs)
+            .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
+        eprintln!("{name} step {k}: max |ours − speculators| {worst:.2e}");
+        assert!(worst <= 2e-5, "{name} step {k}: {worst}");
+    }
+}
+
 /// The fixture's draft as vLLM's `speculators` converted it with `norm_before_residual`
 /// (`fixtures/eagle3/speculators/norm-before-residual/`).
 fn norm_before_residual_draft() -> Eagle3Draft {
@@ -473,23 +496,11 @@ fn norm_before_residual_draft() -> Eagle3Draft {
 /// SGLang's layer has only the raw residual.
 #[test]
 fn a_norm_before_residual_draft_computes_what_speculators_computes() {
-    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+    use kd_model::eagle3::{Eagle3Format, export_eagle3};
     let nbr = norm_before_residual_draft();
     assert!(nbr.config().norm_before_residual);
     assert!(!draft().config().norm_before_residual);
-    let (ids, features) = fixture_inputs();
-    let reference = read("speculators/norm-before-residual/logits.safetensors");
-    for (k, logits) in nbr.unroll(ids, features, 3).into_iter().enumerate() {
-        let (_, theirs) = &reference[&format!("step{k}.logits")];
-        let ours = host(logits);
-        assert_eq!(ours.len(), theirs.len());
-        let worst = ours
-            .iter()
-            .zip(theirs)
-            .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
-        eprintln!("step {k}: max |ours − speculators| {worst:.2e}");
-        assert!(worst <= 2e-5, "step {k}: {worst}");
-    }
+    unrolls_as_speculators(&nbr, "norm-before-residual");
 
     let tmp = tempfile::tempdir().unwrap();
     nbr.save(tmp.path().join("checkpoint")).unwrap();
@@ -500,11 +511,7 @@ fn a_norm_before_residual_draft_computes_what_speculators_computes() {
     )
     .unwrap();
     assert!(again.config().norm_before_residual);
-    let verifier = SpeculatorsVerifier {
-        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
-        architectures: vec!["LlamaForCausalLM".into()],
-        speculative_tokens: 3,
-    };
+    let verifier = test_verifier();
     let checkpoint = tmp.path().join("checkpoint");
     export_eagle3(
         &checkpoint,
@@ -535,28 +542,13 @@ fn a_norm_before_residual_draft_computes_what_speculators_computes() {
 /// draft without `d2t` is an error naming it.
 #[test]
 fn a_whole_vocabulary_draft_without_maps_reads_and_exports() {
-    use kd_model::eagle3::{Eagle3Format, SpeculatorsVerifier, export_eagle3};
+    use kd_model::eagle3::{Eagle3Format, export_eagle3};
     let dir = fixtures().join("eagle3/speculators/full-vocab");
     let full = Eagle3Draft::load(&dir, Some(draft().embed_tokens.val()), &cpu()).unwrap();
     assert_eq!(full.vocab().target_ids(), (0..96).collect::<Vec<u32>>());
-    let (ids, features) = fixture_inputs();
-    let reference = read("speculators/full-vocab/logits.safetensors");
-    for (k, logits) in full.unroll(ids, features, 3).into_iter().enumerate() {
-        let (_, theirs) = &reference[&format!("step{k}.logits")];
-        let ours = host(logits);
-        assert_eq!(ours.len(), theirs.len());
-        let worst = ours
-            .iter()
-            .zip(theirs)
-            .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
-        assert!(worst <= 2e-5, "step {k}: {worst}");
-    }
+    unrolls_as_speculators(&full, "full-vocab");
     let tmp = tempfile::tempdir().unwrap();
-    let verifier = SpeculatorsVerifier {
-        name_or_path: "fixtures/eagle3/speculators/verifier".into(),
-        architectures: vec!["LlamaForCausalLM".into()],
-        speculative_tokens: 3,
-    };
+    let verifier = test_verifier();
     export_eagle3(
         &dir,
         &tmp.path().join("vllm"),
