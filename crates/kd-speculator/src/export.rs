@@ -38,7 +38,8 @@ pub struct ExportConfig {
     /// For which server.
     pub to: ExportTarget,
     /// The target (verifier): as vLLM names it (`--to vllm`), or its GGUF file (`--to gguf`,
-    /// whose tokenizer the draft file carries). Default: the run's `target_model` (read from
+    /// whose tokenizer the draft file carries). Default: for `--to vllm` from a `speculators`
+    /// draft, the verifier it names; otherwise the run's `target_model` (read from
     /// `speculator_config.json` beside the checkpoint).
     pub verifier: Option<String>,
     /// Tokens drafted per verification written into a `speculators` config.
@@ -67,11 +68,17 @@ pub fn export(config: &ExportConfig) -> Result<Option<String>> {
         }
         ExportTarget::Sglang => (Eagle3Format::SpecForge, None),
         ExportTarget::Vllm => {
-            let name = match &config.verifier {
-                Some(v) => v.clone(),
-                None => run_target(draft)?,
+            let (name, architectures) = match &config.verifier {
+                Some(v) => (v.clone(), vec![verifier_architecture(v)?]),
+                None => match source_verifier(draft)? {
+                    Some(named) => named,
+                    None => {
+                        let name = run_target(draft)?;
+                        let architectures = vec![verifier_architecture(&name)?];
+                        (name, architectures)
+                    }
+                },
             };
-            let architectures = vec![verifier_architecture(&name)?];
             (
                 Eagle3Format::Speculators(SpeculatorsVerifier {
                     name_or_path: name.clone(),
@@ -103,6 +110,32 @@ fn target_gguf(config: &ExportConfig) -> Result<PathBuf> {
         ))),
         Err(e) => Err(PipelineError::Config(format!("{flag} {name}: {e}"))),
     }
+}
+
+/// The verifier a `speculators`-layout draft names (`speculators_config.verifier`: its
+/// `name_or_path` and `architectures`), so that re-exporting such a draft keeps it; `None`
+/// for SpecForge's layout or a draft that names none.
+fn source_verifier(draft: &Path) -> Result<Option<(String, Vec<String>)>> {
+    let path = draft.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| PipelineError::io(&path, e))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| PipelineError::Config(format!("{}: {e}", path.display())))?;
+    let verifier = &json["speculators_config"]["verifier"];
+    let Some(name) = verifier["name_or_path"].as_str() else {
+        return Ok(None);
+    };
+    let architectures: Vec<String> = verifier["architectures"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    if architectures.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((name.to_string(), architectures)))
 }
 
 /// The `target_model` of the run a checkpoint belongs to.

@@ -25,7 +25,8 @@ pub struct ExportArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// `--to vllm`: the target as vLLM names it; `--to gguf`: the target's .gguf file, whose
-    /// tokenizer the draft carries [default: the run's --target_model].
+    /// tokenizer the draft carries [default: the verifier a speculators-format draft names
+    /// (`--to vllm`), else the run's --target_model].
     #[arg(long)]
     pub verifier: Option<String>,
     /// `--to vllm`: tokens drafted per verification written into the config.

@@ -674,3 +674,45 @@ fn ttt_gradients_match_specforge() {
         assert!(d <= 10.0 * spread.max(1e-7), "{name}: {d} > 10 × {spread}");
     }
 }
+
+/// `speculator export --to vllm` of a draft in the `speculators` layout, outside any run and
+/// without `--verifier`, keeps the verifier the draft names (its `name_or_path` and
+/// `architectures`); `--to sglang` needs none.
+#[test]
+fn re_exporting_a_speculators_draft_keeps_its_verifier() {
+    use kd_speculator::{ExportConfig, ExportTarget, export};
+    let tmp = tempfile::tempdir().unwrap();
+    let config = |to, dir: &str| ExportConfig {
+        draft: fixtures().join("eagle3/speculators/converted"),
+        out: tmp.path().join(dir),
+        to,
+        verifier: None,
+        speculative_tokens: 3,
+        gguf_type: Default::default(),
+    };
+    let named = export(&config(ExportTarget::Vllm, "vllm")).unwrap();
+    assert_eq!(
+        named.as_deref(),
+        Some("fixtures/eagle3/speculators/verifier")
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("vllm/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        json["speculators_config"]["verifier"],
+        serde_json::json!({
+            "name_or_path": "fixtures/eagle3/speculators/verifier",
+            "architectures": ["LlamaForCausalLM"]
+        })
+    );
+    assert_eq!(
+        export(&config(ExportTarget::Sglang, "sglang")).unwrap(),
+        None
+    );
+    // llama.cpp needs the target's GGUF file, which a speculators config does not name.
+    let e = export(&config(ExportTarget::Gguf, "draft.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--verifier"), "{e}");
+}
