@@ -118,22 +118,27 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
     // leaves them out (its model registers no `d2t`/`t2d` then); SpecForge's always has them
     // (its exporter requires both), so a source without them gets the identity written.
     let whole_vocab = config.draft_vocab_size == config.llama.vocab_size;
-    let identity_d2t = vec![0u8; 8 * config.draft_vocab_size];
-    let identity_t2d = vec![1u8; config.llama.vocab_size];
+    let identity = (whole_vocab && !(file.has("d2t") && file.has("t2d"))).then(|| {
+        (
+            vec![0u8; 8 * config.draft_vocab_size],
+            vec![1u8; config.llama.vocab_size],
+        )
+    });
     let mut out: Vec<(String, Dtype, Vec<usize>, &[u8])> = Vec::with_capacity(expected.len());
     for (name, shape) in &expected {
-        let map = matches!(name.as_str(), "d2t" | "t2d");
-        if whole_vocab && map && matches!(format, Eagle3Format::Speculators(_)) {
-            continue;
-        }
-        if whole_vocab && map && !file.has(name) {
-            let (dtype, data) = if name == "d2t" {
-                (Dtype::I64, identity_d2t.as_slice())
-            } else {
-                (Dtype::BOOL, identity_t2d.as_slice())
-            };
-            out.push((name.clone(), dtype, shape.clone(), data));
-            continue;
+        if whole_vocab && matches!(name.as_str(), "d2t" | "t2d") {
+            if matches!(format, Eagle3Format::Speculators(_)) {
+                continue;
+            }
+            if let Some((d2t, t2d)) = identity.as_ref().filter(|_| !file.has(name)) {
+                let (dtype, data) = if name == "d2t" {
+                    (Dtype::I64, d2t.as_slice())
+                } else {
+                    (Dtype::BOOL, t2d.as_slice())
+                };
+                out.push((name.clone(), dtype, shape.clone(), data));
+                continue;
+            }
         }
         let stored = name.replacen("midlayer.", from, 1);
         let view = st

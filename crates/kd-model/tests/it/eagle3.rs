@@ -208,7 +208,7 @@ fn export_names_and_values_are_specforge_s() {
 #[test]
 fn a_missing_embedding_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    fixture_without_embedding(dir.path(), "eagle3/config.json");
+    fixture_without(dir.path(), "eagle3/config.json", "embed_tokens.weight");
     let err = Eagle3Draft::load(dir.path(), None, &cpu())
         .unwrap_err()
         .to_string();
@@ -218,16 +218,17 @@ fn a_missing_embedding_is_named() {
     Eagle3Draft::load(dir.path(), Some(embedding), &cpu()).unwrap();
 }
 
-/// The fixture's draft written to `dir` without the embedding (as SpecForge exports a draft),
-/// with the configuration `config` (a path under `fixtures/`).
-fn fixture_without_embedding(dir: &std::path::Path, config: &str) {
+/// The fixture's draft written to `dir` without its tensor `left_out` (the embedding, as
+/// SpecForge exports a draft, or another), with the configuration `config` (a path under
+/// `fixtures/`).
+fn fixture_without(dir: &std::path::Path, config: &str, left_out: &str) {
     std::fs::copy(fixtures().join(config), dir.join("config.json")).unwrap();
     let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let kept: Vec<_> = st
         .tensors()
         .into_iter()
-        .filter(|(k, _)| k != "embed_tokens.weight")
+        .filter(|(k, _)| k != left_out)
         .collect();
     safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
 }
@@ -328,7 +329,11 @@ fn a_vllm_export_is_what_speculators_writes() {
     let src = tmp.path().join("specforge");
     std::fs::create_dir(&src).unwrap();
     // The fixture naming its feature layers, as SpecForge writes them.
-    fixture_without_embedding(&src, "eagle3/speculators/specforge-config.json");
+    fixture_without(
+        &src,
+        "eagle3/speculators/specforge-config.json",
+        "embed_tokens.weight",
+    );
     let out = tmp.path().join("vllm");
     let verifier = test_verifier();
     export_eagle3(&src, &out, &Eagle3Format::Speculators(verifier)).unwrap();
@@ -571,21 +576,9 @@ fn a_whole_vocabulary_draft_without_maps_reads_and_exports() {
     assert_eq!(again.named_tensors(), full.named_tensors());
 
     // The fixture's 32-token draft without its map.
-    let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let kept: Vec<_> = st
-        .tensors()
-        .into_iter()
-        .filter(|(k, _)| k != "d2t")
-        .collect();
     let small = tmp.path().join("small");
     std::fs::create_dir(&small).unwrap();
-    safetensors::serialize_to_file(kept, None, &small.join("model.safetensors")).unwrap();
-    std::fs::copy(
-        fixtures().join("eagle3/config.json"),
-        small.join("config.json"),
-    )
-    .unwrap();
+    fixture_without(&small, "eagle3/config.json", "d2t");
     let e = Eagle3Draft::load(&small, None, &cpu())
         .unwrap_err()
         .to_string();

@@ -680,16 +680,10 @@ fn ttt_gradients_match_specforge() {
 /// `architectures`); `--to sglang` needs none.
 #[test]
 fn re_exporting_a_speculators_draft_keeps_its_verifier() {
-    use kd_speculator::{ExportConfig, ExportTarget, export};
+    use kd_speculator::{ExportTarget, export};
     let tmp = tempfile::tempdir().unwrap();
-    let config = |to, dir: &str| ExportConfig {
-        draft: fixtures().join("eagle3/speculators/converted"),
-        out: tmp.path().join(dir),
-        to,
-        verifier: None,
-        speculative_tokens: 3,
-        gguf_type: Default::default(),
-    };
+    let draft = fixtures().join("eagle3/speculators/converted");
+    let config = |to, dir: &str| crate::export_config(&draft, tmp.path().join(dir), to);
     let named = export(&config(ExportTarget::Vllm, "vllm")).unwrap();
     assert_eq!(
         named.as_deref(),

@@ -9,6 +9,23 @@ pub fn fixtures() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
+/// `speculator export` of `draft` to `out` for `to`, the verifier left to its default and
+/// three speculative tokens.
+pub fn export_config(
+    draft: &std::path::Path,
+    out: std::path::PathBuf,
+    to: kd_speculator::ExportTarget,
+) -> kd_speculator::ExportConfig {
+    kd_speculator::ExportConfig {
+        draft: draft.to_path_buf(),
+        out,
+        to,
+        verifier: None,
+        speculative_tokens: 3,
+        gguf_type: Default::default(),
+    }
+}
+
 /// Copies a directory tree (a run's output, to cut and resume).
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();

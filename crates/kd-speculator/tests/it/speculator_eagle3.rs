@@ -202,14 +202,7 @@ fn exports_for_sglang_and_vllm(out: &Path, checkpoint: &Path) {
     let target = kd_model::Llama::load(demo().join("target"), &device).unwrap();
     let embedding = || Some(target.embed_tokens.weight.val());
     let original = kd_model::Eagle3Draft::load(checkpoint, embedding(), &device).unwrap();
-    let config = |to, dir: &str| ExportConfig {
-        draft: checkpoint.to_path_buf(),
-        out: out.join(dir),
-        to,
-        verifier: None,
-        speculative_tokens: 3,
-        gguf_type: Default::default(),
-    };
+    let config = |to, dir: &str| crate::export_config(checkpoint, out.join(dir), to);
     assert_eq!(
         export(&config(ExportTarget::Sglang, "sglang")).unwrap(),
         None
