@@ -7,13 +7,16 @@ use serde_json::Value;
 use super::EAGLE3_ARCHITECTURE;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::family::ModelFamily;
 
 /// An EAGLE-3 draft's configuration: a one-layer Llama configuration plus the draft
 /// vocabulary's size and the target's width.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Eagle3Config {
     /// The decoder layer's shape (`num_hidden_layers` 1), RoPE and norms; `vocab_size` is the
-    /// target's vocabulary.
+    /// target's vocabulary. Its `family` is Llama (SpecForge's layer, and every draft this
+    /// project trains) or Qwen3 (speculators' `model_type: "qwen3"` layer, whose query and key
+    /// heads each go through an RMSNorm before RoPE: [`LlamaConfig::qk_norm`]).
     pub llama: LlamaConfig,
     /// Tokens the draft predicts (`draft_vocab_size`).
     pub draft_vocab_size: usize,
@@ -33,6 +36,11 @@ pub struct Eagle3Config {
     /// residual (false); vLLM's `speculators` drafts (Red Hat's among them) and llama.cpp
     /// (`eagle3.norm_before_residual`) take either. Written to `config.json` only when true.
     pub norm_before_residual: bool,
+    /// `norm_before_fc`: an RMSNorm (weight `input_norm.weight`, `3·target_hidden_size`)
+    /// over the concatenated target features before `fc`. SpecForge and SGLang have none
+    /// (false); `speculators` drafts (nvidia's gpt-oss drafts among them) and llama.cpp
+    /// (`eagle3.norm_before_fc`) take either. Written to `config.json` only when true.
+    pub norm_before_fc: bool,
 }
 
 impl Eagle3Config {
@@ -68,6 +76,7 @@ impl Eagle3Config {
             draft_vocab_size,
             aux_layers: None,
             norm_before_residual: false,
+            norm_before_fc: false,
             llama,
         })
     }
@@ -87,6 +96,9 @@ impl Eagle3Config {
             }
             if self.norm_before_residual {
                 map.insert("norm_before_residual".into(), true.into());
+            }
+            if self.norm_before_fc {
+                map.insert("norm_before_fc".into(), true.into());
             }
             if let Some(layers) = self.aux_layers {
                 map.insert("eagle_aux_hidden_state_layer_ids".into(), layers.into());
@@ -141,23 +153,42 @@ impl Eagle3Config {
         })?;
         let target_hidden_size = size("target_hidden_size")?;
         let aux_layers = aux_layers(map, path)?;
-        let norm_before_residual = match map.get("norm_before_residual") {
-            None | Some(Value::Null) => false,
-            Some(v) => v.as_bool().ok_or_else(|| {
-                ModelError::config(path, "norm_before_residual", "expected true or false")
-            })?,
+        let flag = |key: &str| -> Result<bool> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(false),
+                Some(v) => v
+                    .as_bool()
+                    .ok_or_else(|| ModelError::config(path, key, "expected true or false")),
+            }
         };
-        // The rest is a Llama configuration: read it as one, with the same checks.
-        map.insert(
-            "architectures".into(),
-            Value::Array(vec![Value::String("LlamaForCausalLM".into())]),
-        );
+        let norm_before_residual = flag("norm_before_residual")?;
+        let norm_before_fc = flag("norm_before_fc")?;
+        // The other normalisations `speculators` knows (Eagle 3.1's): no counterpart here.
+        for key in ["fc_norm", "norm_output"] {
+            if flag(key)? {
+                return Err(ModelError::config(
+                    path,
+                    key,
+                    "true: this draft normalises where this project's EAGLE-3 layer does not \
+                     (it reads norm_before_residual and norm_before_fc); only drafts with it \
+                     false are read",
+                ));
+            }
+        }
+        // The rest is the decoder layer's configuration: read it as a model's, with the same
+        // checks. Its family comes from `model_type` alone (`architectures` names the draft):
+        // Llama's layer, SpecForge's and speculators' `llama`, unless it says otherwise.
+        map.remove("architectures");
+        map.entry("model_type").or_insert_with(|| "llama".into());
         for key in [
             "draft_vocab_size",
             "target_hidden_size",
             "eagle_config",
             "eagle_aux_hidden_state_layer_ids",
             "norm_before_residual",
+            "norm_before_fc",
+            "fc_norm",
+            "norm_output",
         ] {
             map.remove(key);
         }
@@ -169,6 +200,35 @@ impl Eagle3Config {
             },
             other => other,
         })?;
+        match llama.family {
+            ModelFamily::Llama | ModelFamily::Qwen3 => {}
+            other => {
+                return Err(ModelError::config(
+                    path,
+                    "model_type",
+                    format!(
+                        "{:?}: an EAGLE-3 draft's decoder layer is Llama's (SpecForge, \
+                         speculators' \"llama\") or Qwen3's (speculators' \"qwen3\")",
+                        other.model_type()
+                    ),
+                ));
+            }
+        }
+        // speculators gives q/k/v (and Llama's MLP) biases when these are set; SpecForge's
+        // layer has none, and neither does this one.
+        for (key, set) in [
+            ("attention_bias", llama.attention_bias),
+            ("mlp_bias", llama.mlp_bias),
+        ] {
+            if set {
+                return Err(ModelError::config(
+                    path,
+                    key,
+                    "true: EAGLE-3 drafts here have no projection biases (SpecForge's have \
+                     none); a draft trained with them cannot be read",
+                ));
+            }
+        }
         if llama.num_hidden_layers != 1 {
             return Err(ModelError::config(
                 path,
@@ -194,6 +254,7 @@ impl Eagle3Config {
             draft_vocab_size,
             aux_layers,
             norm_before_residual,
+            norm_before_fc,
             llama,
         })
     }
@@ -334,15 +395,75 @@ mod tests {
         assert!(err.contains("norm_before_residual"), "{err}");
     }
 
+    /// The decoder layer's family comes from `model_type`: Llama's when unstated in SpecForge's
+    /// layout, Qwen3's when unstated in speculators' (its default layer configuration class,
+    /// `Qwen3Config`, as `make_speculators_golden.py` checks); Qwen2's and biases refused by
+    /// name.
+    #[test]
+    fn the_decoder_layer_is_llama_s_or_qwen3_s() {
+        let fields = r#""hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+            "vocab_size": 96, "rms_norm_eps": 1e-5, "head_dim": 16"#;
+        let specforge = |extra: &str| {
+            format!(
+                r#"{{"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32,
+                {fields}{extra}}}"#
+            )
+        };
+        let speculators = |extra: &str| {
+            format!(
+                r#"{{"speculators_model_type": "eagle3", "draft_vocab_size": 32,
+                "transformer_layer_config": {{{fields}{extra}}}}}"#
+            )
+        };
+        let family = |text: &str| Eagle3Config::from_json_str(text).unwrap().llama.family;
+        assert_eq!(family(&specforge("")), ModelFamily::Llama);
+        assert_eq!(
+            family(&specforge(r#", "model_type": "llama""#)),
+            ModelFamily::Llama
+        );
+        assert_eq!(
+            family(&specforge(r#", "model_type": "qwen3""#)),
+            ModelFamily::Qwen3
+        );
+        assert_eq!(family(&speculators("")), ModelFamily::Qwen3);
+        assert_eq!(
+            family(&speculators(r#", "model_type": "llama""#)),
+            ModelFamily::Llama
+        );
+        let c = Eagle3Config::from_json_str(&speculators("")).unwrap();
+        assert!(c.llama.qk_norm());
+        // Kept through a checkpoint's config.json.
+        let again = Eagle3Config::from_json_str(&c.to_json().to_string()).unwrap();
+        assert_eq!(again.llama.family, ModelFamily::Qwen3);
+        for (extra, key) in [
+            (r#", "model_type": "qwen2""#, "model_type"),
+            (
+                r#", "model_type": "llama", "attention_bias": true"#,
+                "attention_bias",
+            ),
+            (
+                r#", "model_type": "qwen3", "attention_bias": true"#,
+                "attention_bias",
+            ),
+            (r#", "model_type": "llama", "mlp_bias": true"#, "mlp_bias"),
+        ] {
+            for text in [specforge(extra), speculators(extra)] {
+                let err = Eagle3Config::from_json_str(&text).unwrap_err().to_string();
+                assert!(err.contains(key), "{text}: {err}");
+            }
+        }
+    }
+
     fn base_json_lacks(text: &str, key: &str) -> bool {
         let json = Eagle3Config::from_json_str(text).unwrap().to_json();
         json.get(key).is_none()
     }
 
-    /// A `speculators` config: `norm_before_residual` is read; the normalisations SpecForge's
-    /// layer has no counterpart for are refused by name.
+    /// A `speculators` config: `norm_before_residual` and `norm_before_fc` are read; the
+    /// normalisations with no counterpart here are refused by name, in either layout.
     #[test]
-    fn speculators_configs_read_norm_before_residual_and_refuse_the_rest() {
+    fn speculators_configs_read_norm_before_residual_and_fc_and_refuse_the_rest() {
         let layer = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
             "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
             "vocab_size": 96, "rms_norm_eps": 1e-5}"#;
@@ -359,8 +480,24 @@ mod tests {
         );
         let c = Eagle3Config::from_json_str(&config(r#", "norm_before_residual": true"#)).unwrap();
         assert!(c.norm_before_residual);
-        for key in ["norm_before_fc", "fc_norm", "norm_output"] {
+        let c = Eagle3Config::from_json_str(&config(r#", "norm_before_fc": true"#)).unwrap();
+        assert!(c.norm_before_fc && !c.norm_before_residual);
+        let again = Eagle3Config::from_json_str(&c.to_json().to_string()).unwrap();
+        assert!(again.norm_before_fc);
+        assert!(
+            !Eagle3Config::from_json_str(&config(""))
+                .unwrap()
+                .norm_before_fc
+        );
+        for key in ["fc_norm", "norm_output"] {
             let err = Eagle3Config::from_json_str(&config(&format!(r#", "{key}": true"#)))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+            // SpecForge's layout saying the same.
+            let mut specforge = c.to_json();
+            specforge[key] = true.into();
+            let err = Eagle3Config::from_json_str(&specforge.to_string())
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(key), "{err}");

@@ -44,8 +44,9 @@ pub(super) fn expected_tensors(c: &Eagle3Config) -> Vec<(String, Vec<usize>)> {
         l.num_key_value_heads * l.head_dim,
     );
     let m = |s: &str| format!("midlayer.{s}");
-    vec![
+    let mut tensors = vec![
         ("fc.weight".into(), vec![d, 3 * c.target_hidden_size]),
+        (INPUT_NORM.into(), vec![3 * c.target_hidden_size]),
         (m("self_attn.q_proj.weight"), vec![q, 2 * d]),
         (m("self_attn.k_proj.weight"), vec![kv, 2 * d]),
         (m("self_attn.v_proj.weight"), vec![kv, 2 * d]),
@@ -58,9 +59,52 @@ pub(super) fn expected_tensors(c: &Eagle3Config) -> Vec<(String, Vec<usize>)> {
         (m("post_attention_layernorm.weight"), vec![d]),
         ("norm.weight".into(), vec![d]),
         ("lm_head.weight".into(), vec![c.draft_vocab_size, d]),
-        ("d2t".into(), vec![c.draft_vocab_size]),
-        ("t2d".into(), vec![l.vocab_size]),
-    ]
+    ];
+    if !c.norm_before_fc {
+        tensors.retain(|(n, _)| n != INPUT_NORM);
+    }
+    if l.qk_norm() {
+        for name in QK_NORMS {
+            tensors.push((m(name), vec![l.head_dim]));
+        }
+    }
+    tensors.push(("d2t".into(), vec![c.draft_vocab_size]));
+    tensors.push(("t2d".into(), vec![l.vocab_size]));
+    tensors
+}
+
+/// The weight of the RMSNorm over the concatenated features (`norm_before_fc`), in both
+/// layouts.
+pub(super) const INPUT_NORM: &str = "input_norm.weight";
+
+/// A Qwen3 layer's per-head query and key norms (under the layer's prefix).
+pub(super) const QK_NORMS: [&str; 2] = ["self_attn.q_norm.weight", "self_attn.k_norm.weight"];
+
+/// Checks that every tensor of `file` (whose layer prefix is `from`) is one of `expected`
+/// (SpecForge's names) or the embedding: a tensor the draft would not read is an error naming
+/// it, never skipped.
+pub(super) fn check_names(
+    file: &WeightsFile,
+    expected: &[(String, Vec<usize>)],
+    from: &str,
+) -> Result<()> {
+    for name in file.tensors().names() {
+        let canonical = name.replacen(from, "midlayer.", 1);
+        if name != "embed_tokens.weight" && !expected.iter().any(|(n, _)| *n == canonical) {
+            return Err(file.error(
+                name,
+                format!(
+                    "not a tensor of this EAGLE-3 draft (expected {})",
+                    expected
+                        .iter()
+                        .map(|(n, _)| n.replacen("midlayer.", from, 1))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The prefix of the decoder layer's tensors in a file: SpecForge's `midlayer.` or the
@@ -96,24 +140,27 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
              something else; export it --to vllm or --to gguf, which take the setting",
         ));
     }
+    if config.norm_before_fc && *format == Eagle3Format::SpecForge {
+        return Err(ModelError::config(
+            src.join("config.json"),
+            "norm_before_fc",
+            "true: SGLang's and SpecForge's EAGLE-3 draft feeds the target features to fc \
+             without a norm and has no such option, so SGLang would skip input_norm.weight \
+             and serve something else; export it --to vllm or --to gguf, which take it",
+        ));
+    }
+    if config.llama.qk_norm() && *format == Eagle3Format::SpecForge {
+        return Err(ModelError::config(
+            src.join("config.json"),
+            "model_type",
+            "\"qwen3\": this draft's layer normalises each query and key head (q_norm, \
+             k_norm), which SGLang's and SpecForge's Llama layer does not have, so SGLang would \
+             skip those tensors and serve something else; export it --to vllm",
+        ));
+    }
     let expected = expected_tensors(&config);
     // Every tensor of the file is one of the draft's (or the embedding, dropped).
-    for name in st.names() {
-        let canonical = name.replacen(from, "midlayer.", 1);
-        if name != "embed_tokens.weight" && !expected.iter().any(|(n, _)| *n == canonical) {
-            return Err(file.error(
-                name,
-                format!(
-                    "not a tensor of an EAGLE-3 draft (expected {})",
-                    expected
-                        .iter()
-                        .map(|(n, _)| n.replacen("midlayer.", from, 1))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-    }
+    check_names(&file, &expected, from)?;
     // Over the whole target vocabulary the maps are the identity. The speculators layout
     // leaves them out (its model registers no `d2t`/`t2d` then); SpecForge's always has them
     // (its exporter requires both), so a source without them gets the identity written.
@@ -185,21 +232,21 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
     crate::weights::write_atomic(&dst.join("config.json"), text.as_bytes())
 }
 
-/// The `config.json` of vLLM's `speculators` format: the decoder layer's Llama configuration
-/// as `transformer_layer_config`, `norm_before_residual` always stated (vLLM assumes true
+/// The `config.json` of vLLM's `speculators` format: the decoder layer's configuration (Llama's
+/// or Qwen3's) as `transformer_layer_config`, `norm_before_residual` always stated (vLLM assumes true
 /// when the key is missing), the feature layers in vLLM's indexing.
 fn speculators_json(c: &Eagle3Config, v: &SpeculatorsVerifier) -> Value {
     let mut layer = c.llama.to_json();
     if let Some(map) = layer.as_object_mut() {
         map.remove("architectures");
-        map.insert("model_type".into(), "llama".into());
+        map.insert("model_type".into(), c.llama.family.model_type().into());
     }
     let mut config = json!({
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
         "draft_vocab_size": c.draft_vocab_size,
         "norm_before_residual": c.norm_before_residual,
-        "norm_before_fc": false,
+        "norm_before_fc": c.norm_before_fc,
         "fc_norm": false,
         "norm_output": false,
         "target_hidden_size": c.target_hidden_size,
@@ -238,16 +285,6 @@ pub(super) fn from_speculators(value: &Value, path: &Path) -> Result<Option<Valu
             format!("{kind}: only eagle3 drafts are read"),
         ));
     }
-    for key in ["norm_before_fc", "fc_norm", "norm_output"] {
-        if value.get(key).and_then(Value::as_bool) == Some(true) {
-            return Err(ModelError::config(
-                path,
-                key,
-                "true: this draft normalises where SpecForge's EAGLE-3 does not; only drafts \
-                 with it false (SpecForge's semantics) are read",
-            ));
-        }
-    }
     let Some(layer) = value
         .get("transformer_layer_config")
         .and_then(Value::as_object)
@@ -259,12 +296,18 @@ pub(super) fn from_speculators(value: &Value, path: &Path) -> Result<Option<Valu
         ));
     };
     let mut out = layer.clone();
+    // speculators reads a layer configuration without `model_type` as Qwen3's (its default
+    // layer configuration class).
+    out.entry("model_type").or_insert_with(|| "qwen3".into());
     out.insert("architectures".into(), json!([super::EAGLE3_ARCHITECTURE]));
     for key in [
         "draft_vocab_size",
         "target_hidden_size",
         "eagle_aux_hidden_state_layer_ids",
         "norm_before_residual",
+        "norm_before_fc",
+        "fc_norm",
+        "norm_output",
     ] {
         if let Some(v) = value.get(key).filter(|v| !v.is_null()) {
             out.insert(key.into(), v.clone());

@@ -48,6 +48,8 @@ pub enum GgufWeightType {
 fn gguf_name(specforge: &str, c: &Eagle3Config) -> Option<(String, Option<usize>)> {
     let top = match specforge {
         "fc.weight" => Some("fc.weight"),
+        // llama.cpp's converter: `input_norm.weight` → `enc.output_norm.weight`.
+        "input_norm.weight" => Some("enc.output_norm.weight"),
         "midlayer.hidden_norm.weight" => Some("blk.0.attn_norm_2.weight"),
         "norm.weight" => Some("output_norm.weight"),
         "lm_head.weight" => Some("output.weight"),
@@ -111,6 +113,15 @@ fn encode(values: &[f32], shape: &[usize], ty: GgufWeightType) -> (GgmlType, Vec
 pub fn export_eagle3_gguf(src: &Path, target: &Path, dst: &Path, ty: GgufWeightType) -> Result<()> {
     let config_path = src.join("config.json");
     let config = Eagle3Config::from_file(&config_path)?;
+    if config.llama.qk_norm() {
+        return Err(ModelError::config(
+            &config_path,
+            "model_type",
+            "\"qwen3\": this draft's layer normalises each query and key head (q_norm, \
+             k_norm); llama.cpp's eagle3 graph has no such tensors, so it would compute \
+             something else; export it --to vllm",
+        ));
+    }
     let file = WeightsFile::open(&src.join(WEIGHTS_FILE))?;
     let from = layer_prefix(&file);
     let target_file = GgufFile::open(target)?;
@@ -161,6 +172,7 @@ pub fn export_eagle3_gguf(src: &Path, target: &Path, dst: &Path, ty: GgufWeightT
             "eagle3.norm_before_residual",
             Value::Bool(config.norm_before_residual),
         ),
+        ("eagle3.norm_before_fc", Value::Bool(config.norm_before_fc)),
     ];
     for (k, v) in keys {
         w.add(k, v)?;

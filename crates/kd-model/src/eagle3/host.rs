@@ -1,6 +1,6 @@
 //! The draft's decoding passes on the host: for the few positions a speculative round runs
 //! (the verified tokens, then each drafted one), the layer runs on plain f32 rows — RMSNorm,
-//! the Q8_0 products, RoPE, the KV cache and attention over it, o, the residual, RMSNorm,
+//! the Q8_0 products, a Qwen3 layer's per-head norms, RoPE, the KV cache and attention over it, o, the residual, RMSNorm,
 //! SwiGLU, down — and the LM head after the final norm, with no Burn tensor operation between
 //! the products. Through Burn the same pass issues some sixty tensor operations, each a
 //! dispatch and an allocation, which on SmolLM2's draft cost more than the products.
@@ -24,6 +24,9 @@ pub(crate) struct HostNorms {
     hidden: HostNorm,
     post: HostNorm,
     last: HostNorm,
+    /// A Qwen3 layer's per-head query and key norms.
+    q: Option<HostNorm>,
+    k: Option<HostNorm>,
 }
 
 impl HostNorms {
@@ -34,7 +37,13 @@ impl HostNorms {
             let gamma = p.val().into_data().try_into_vec::<f32>().ok()?;
             Some(HostNorm::new(gamma, eps))
         };
+        let head_norm = |p: &Option<burn::module::Param<burn::tensor::Tensor<1>>>| match p {
+            Some(p) => norm(p).map(Some),
+            None => Some(None),
+        };
         Some(Self {
+            q: head_norm(&draft.q_norm)?,
+            k: head_norm(&draft.k_norm)?,
             input: norm(&draft.input_layernorm)?,
             hidden: norm(&draft.hidden_norm)?,
             post: norm(&draft.post_attention_layernorm)?,
@@ -87,6 +96,13 @@ pub(crate) fn forward_cached(
     )
     .try_into()
     .expect("three products");
+    // A Qwen3 layer normalises each head (rows of `head_dim`) before RoPE.
+    if let Some(norm) = &n.q {
+        q = norm.apply(simd, &q);
+    }
+    if let Some(norm) = &n.k {
+        k = norm.apply(simd, &k);
+    }
     let positions: Vec<i64> = (past..past + s).map(|p| p as i64).collect();
     let (cos, sin) = draft.rope.host_tables(&positions);
     rotate(&mut q, h, hd, &cos, &sin);

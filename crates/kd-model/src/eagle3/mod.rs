@@ -11,6 +11,12 @@
 //! - `norm`, then `lm_head` over the draft vocabulary ([`DraftVocab`]: `d2t` offsets and the
 //!   `t2d` mask over the target vocabulary).
 //! - The embedding is the target's, frozen, and not exported.
+//! - Under `norm_before_fc` (`speculators`' option, which llama.cpp reads too) an RMSNorm
+//!   over the concatenated features comes before `fc`.
+//! - A draft read from vLLM's `speculators` layout may have Qwen3's decoder layer instead
+//!   (`transformer_layer_config.model_type: "qwen3"`, or no `model_type`, speculators'
+//!   default): each query and key head goes through its own RMSNorm (`q_norm`, `k_norm`)
+//!   before RoPE. Drafts trained here from scratch have SpecForge's Llama layer.
 //!
 //! TTT step `k` (0, 1, …) reads the ids shifted left `k` times and the previous step's
 //! hidden output (before the final norm), at RoPE positions `t + k`; its queries attend to
@@ -73,6 +79,9 @@ const WEIGHTS_FILE: &str = "model.safetensors";
 /// An EAGLE-3 draft. Projection weights are held `[in, out]`.
 #[derive(Module, Debug)]
 pub struct Eagle3Draft {
+    /// RMSNorm weight `[3·d_target]` over the concatenated features before `fc`
+    /// (`norm_before_fc`, `input_norm.weight`); `None` without it.
+    pub input_norm: Option<Param<Tensor<1>>>,
     /// `fc`: `[3·d_target, d]`.
     pub fc: Param<Tensor<2>>,
     /// The frozen target embedding, `[target_vocab, d]`.
@@ -89,6 +98,11 @@ pub struct Eagle3Draft {
     pub v_proj: Param<Tensor<2>>,
     /// `[heads · head_dim, d]`.
     pub o_proj: Param<Tensor<2>>,
+    /// RMSNorm weight `[head_dim]` over each query head before RoPE: a Qwen3 layer's `q_norm`
+    /// (speculators' `model_type: "qwen3"` drafts); `None` in a Llama layer.
+    pub q_norm: Option<Param<Tensor<1>>>,
+    /// The same over each key head (`k_norm`).
+    pub k_norm: Option<Param<Tensor<1>>>,
     /// RMSNorm weight before the MLP.
     pub post_attention_layernorm: Param<Tensor<1>>,
     /// `[d, intermediate]`.
@@ -132,6 +146,16 @@ fn project(x: Tensor<3>, weight: &Param<Tensor<2>>) -> Tensor<3> {
         .reshape([b, s, out])
 }
 
+/// `x · rsqrt(mean(x²) + ε) · w` over each head of `x` `[b, heads, s, head_dim]`, when there is
+/// a weight (a Qwen3 layer's `q_norm` / `k_norm`).
+fn head_norm(x: Tensor<4>, weight: Option<&Param<Tensor<1>>>, eps: f64) -> Tensor<4> {
+    let Some(weight) = weight else { return x };
+    let [b, h, s, d] = x.dims();
+    let variance = x.clone().powi_scalar(2).mean_dim(3);
+    let normed = x * (variance + eps).sqrt().recip();
+    normed * weight.val().reshape([1, 1, 1, d]).expand([b, h, s, d])
+}
+
 /// `[b, kv, t, d]` → `[b, heads, t, d]`: the model's `repeat_kv` with the group size of
 /// `heads` query heads.
 fn repeat_kv(x: Tensor<4>, heads: usize) -> Tensor<4> {
@@ -153,6 +177,8 @@ impl Eagle3Draft {
         let file = WeightsFile::open(&dir.join(WEIGHTS_FILE))?;
         // SpecForge's `midlayer.` or the `speculators` format's `layers.0.`.
         let m = export::layer_prefix(&file);
+        // A tensor the draft would not read (a bias, another layer's norm) is an error.
+        export::check_names(&file, &export::expected_tensors(&config), m)?;
         let c = &config.llama;
         let (d, vocab) = (c.hidden_size, c.vocab_size);
         let (q_out, kv_out) = (
@@ -169,12 +195,30 @@ impl Eagle3Draft {
                 Tensor::<2>::from_data(data, (device, DType::F32)).transpose(),
             ))
         };
-        let vector = |name: &str| -> Result<Param<Tensor<1>>> {
-            let v = file.floats(name, &[d])?;
+        let vector_of = |name: &str, n: usize| -> Result<Param<Tensor<1>>> {
+            let v = file.floats(name, &[n])?;
             Ok(Param::from_tensor(Tensor::from_data(
-                TensorData::new(v, [d]),
+                TensorData::new(v, [n]),
                 (device, DType::F32),
             )))
+        };
+        let vector = |name: &str| vector_of(name, d);
+        // A Qwen3 layer's per-head norms.
+        let qk_norm = |name: &str| -> Result<Option<Param<Tensor<1>>>> {
+            if !c.qk_norm() {
+                return Ok(None);
+            }
+            let name = format!("{m}{name}");
+            if !file.has(&name) {
+                return Err(file.error(
+                    &name,
+                    "missing: config.json's model_type is \"qwen3\", a layer that normalises \
+                     each query and key head; a draft from SpecForge has a Llama layer \
+                     (model_type \"llama\")"
+                        .into(),
+                ));
+            }
+            vector_of(&name, c.head_dim).map(Some)
         };
         let embedding = match embedding {
             Some(e) => {
@@ -211,8 +255,14 @@ impl Eagle3Draft {
         }
         let vocab_map = DraftVocab::from_d2t(&d2t, vocab)?;
         let rope = Rope::new(c);
+        let features = 3 * config.target_hidden_size;
+        let input_norm = match config.norm_before_fc {
+            true => Some(vector_of(export::INPUT_NORM, features)?),
+            false => None,
+        };
         Ok(Self {
-            fc: linear("fc.weight", d, 3 * config.target_hidden_size)?,
+            input_norm,
+            fc: linear("fc.weight", d, features)?,
             embed_tokens: Param::from_tensor(embedding).set_require_grad(false),
             input_layernorm: vector(&format!("{m}input_layernorm.weight"))?,
             hidden_norm: vector(&format!("{m}hidden_norm.weight"))?,
@@ -220,6 +270,8 @@ impl Eagle3Draft {
             k_proj: linear(&format!("{m}self_attn.k_proj.weight"), kv_out, 2 * d)?,
             v_proj: linear(&format!("{m}self_attn.v_proj.weight"), kv_out, 2 * d)?,
             o_proj: linear(&format!("{m}self_attn.o_proj.weight"), d, q_out)?,
+            q_norm: qk_norm(export::QK_NORMS[0])?,
+            k_norm: qk_norm(export::QK_NORMS[1])?,
             post_attention_layernorm: vector(&format!("{m}post_attention_layernorm.weight"))?,
             gate_proj: linear(&format!("{m}mlp.gate_proj.weight"), inter, d)?,
             up_proj: linear(&format!("{m}mlp.up_proj.weight"), inter, d)?,
@@ -279,9 +331,13 @@ impl Eagle3Draft {
                 device,
             ))
         };
-        let ones = || Param::from_tensor(Tensor::<1>::ones([d], (device, DType::F32)));
+        let ones_of = |n: usize| Param::from_tensor(Tensor::<1>::ones([n], (device, DType::F32)));
+        let ones = || ones_of(d);
+        let qk_norm = || c.qk_norm().then(|| ones_of(c.head_dim));
+        let features = 3 * config.target_hidden_size;
         Ok(Self {
-            fc: linear(3 * config.target_hidden_size, d),
+            input_norm: config.norm_before_fc.then(|| ones_of(features)),
+            fc: linear(features, d),
             embed_tokens: Param::from_tensor(embedding).set_require_grad(false),
             input_layernorm: ones(),
             hidden_norm: ones(),
@@ -289,6 +345,8 @@ impl Eagle3Draft {
             k_proj: linear(2 * d, kv_out),
             v_proj: linear(2 * d, kv_out),
             o_proj: linear(q_out, d),
+            q_norm: qk_norm(),
+            k_norm: qk_norm(),
             post_attention_layernorm: ones(),
             gate_proj: linear(d, inter),
             up_proj: linear(d, inter),
@@ -421,13 +479,22 @@ impl Eagle3Draft {
     /// `fc` over the target's features `[batch, seq, 3·d_target]` (low, mid, high layers
     /// concatenated): the hidden input of step 0, `[batch, seq, d]`.
     pub fn fuse(&self, features: Tensor<3>) -> Tensor<3> {
-        project(features, &self.fc)
+        project(self.normed_features(features), &self.fc)
+    }
+
+    /// The features as `fc` reads them: under `norm_before_fc`, RMS-normalised over all
+    /// `3·d_target` values of a position.
+    fn normed_features(&self, features: Tensor<3>) -> Tensor<3> {
+        match &self.input_norm {
+            Some(w) => rms_norm(features, w, self.config.llama.rms_norm_eps),
+            None => features,
+        }
     }
 
     /// [`fuse`](Self::fuse) for decoding: a few positions through the decoding kernels (see
     /// [`with_q8_0_weights`](Self::with_q8_0_weights)).
     pub fn fuse_decoding(&self, features: Tensor<3>) -> Tensor<3> {
-        self.proj(features, Proj::Fc, true)
+        self.proj(self.normed_features(features), Proj::Fc, true)
     }
 
     /// One TTT step: `ids` `[batch, seq]` (the step's tokens), `hidden` `[batch, seq, d]` (the
@@ -516,8 +583,18 @@ impl Eagle3Draft {
             .collect();
         let (cos, sin) = self.rope.tables(&positions, b, s, DType::F32, &device);
         let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, hd]).swap_dims(1, 2);
-        let q = apply_rotary(heads(self.proj(x.clone(), Proj::Q, decode), h), &cos, &sin);
-        let k = apply_rotary(heads(self.proj(x.clone(), Proj::K, decode), kv), &cos, &sin);
+        // A Qwen3 layer normalises each head before RoPE.
+        let q = head_norm(
+            heads(self.proj(x.clone(), Proj::Q, decode), h),
+            self.q_norm.as_ref(),
+            eps,
+        );
+        let k = head_norm(
+            heads(self.proj(x.clone(), Proj::K, decode), kv),
+            self.k_norm.as_ref(),
+            eps,
+        );
+        let (q, k) = (apply_rotary(q, &cos, &sin), apply_rotary(k, &cos, &sin));
         let v = heads(self.proj(x, Proj::V, decode), kv);
         (q, k, v, residual)
     }
@@ -620,6 +697,14 @@ impl Eagle3Draft {
             ("norm.weight", &self.norm),
         ] {
             out.insert(name.to_string(), p.val().into_data());
+        }
+        if let Some(p) = &self.input_norm {
+            out.insert(export::INPUT_NORM.to_string(), p.val().into_data());
+        }
+        for (name, p) in export::QK_NORMS.iter().zip([&self.q_norm, &self.k_norm]) {
+            if let Some(p) = p {
+                out.insert(format!("midlayer.{name}"), p.val().into_data());
+            }
         }
         out
     }

@@ -234,8 +234,9 @@ fn fixture_without(dir: &std::path::Path, config: &str, left_out: &str) {
 }
 
 /// The `speculators` directory `out` holds the tensors of `theirs_dir`, bit for bit, and every
-/// configuration value speculators wrote there but its provenance.
-fn same_as_speculators(out: &std::path::Path, theirs_dir: &std::path::Path) {
+/// configuration value speculators wrote there but its provenance and the tensors and keys
+/// named in `besides`.
+fn same_as_speculators(out: &std::path::Path, theirs_dir: &std::path::Path, besides: &[&str]) {
     let (ours, theirs) = (
         std::fs::read(out.join("model.safetensors")).unwrap(),
         std::fs::read(theirs_dir.join("model.safetensors")).unwrap(),
@@ -245,7 +246,12 @@ fn same_as_speculators(out: &std::path::Path, theirs_dir: &std::path::Path) {
         SafeTensors::deserialize(&theirs).unwrap(),
     );
     let sorted = |st: &SafeTensors| {
-        let mut n: Vec<String> = st.names().into_iter().map(String::from).collect();
+        let mut n: Vec<String> = st
+            .names()
+            .into_iter()
+            .filter(|n| !besides.contains(n))
+            .map(String::from)
+            .collect();
         n.sort();
         n
     };
@@ -267,7 +273,7 @@ fn same_as_speculators(out: &std::path::Path, theirs_dir: &std::path::Path) {
     // Provenance and settings with no bearing on the draft: versions, the config class's
     // module for `trust_remote_code` (vLLM parses the JSON itself), training flags at their
     // defaults, a padding id for an embedding the draft does not carry.
-    let provenance = [
+    let provenance: Vec<&str> = [
         "speculators_version",
         "transformers_version",
         "dtype",
@@ -275,7 +281,10 @@ fn same_as_speculators(out: &std::path::Path, theirs_dir: &std::path::Path) {
         "embed_requires_grad",
         "tie_word_embeddings",
         "pad_token_id",
-    ];
+    ]
+    .into_iter()
+    .chain(besides.iter().copied())
+    .collect();
     fn same(path: &str, theirs: &serde_json::Value, ours: &serde_json::Value, skip: &[&str]) {
         match theirs {
             serde_json::Value::Object(map) => {
@@ -338,7 +347,7 @@ fn a_vllm_export_is_what_speculators_writes() {
     let verifier = test_verifier();
     export_eagle3(&src, &out, &Eagle3Format::Speculators(verifier)).unwrap();
     let theirs_dir = fixtures().join("eagle3/speculators/converted");
-    same_as_speculators(&out, &theirs_dir);
+    same_as_speculators(&out, &theirs_dir, &[]);
 
     // Reading speculators' file back: the fixture's draft, the feature layers as written.
     let embedding = draft().embed_tokens.val();
@@ -560,7 +569,7 @@ fn a_whole_vocabulary_draft_without_maps_reads_and_exports() {
         &Eagle3Format::Speculators(verifier),
     )
     .unwrap();
-    same_as_speculators(&tmp.path().join("vllm"), &dir);
+    same_as_speculators(&tmp.path().join("vllm"), &dir, &[]);
     // SpecForge's layout always holds the maps (its exporter requires them): the identity.
     export_eagle3(&dir, &tmp.path().join("sglang"), &Eagle3Format::SpecForge).unwrap();
     let bytes = std::fs::read(tmp.path().join("sglang/model.safetensors")).unwrap();
@@ -585,10 +594,198 @@ fn a_whole_vocabulary_draft_without_maps_reads_and_exports() {
     assert!(e.contains("d2t"), "{e}");
 }
 
+/// The fixture's draft with Qwen3's decoder layer and seeded q/k norms, as speculators'
+/// `save_pretrained` wrote it (`fixtures/eagle3/speculators/qwen3-layer/`).
+fn qwen3_layer_draft() -> Eagle3Draft {
+    let dir = fixtures().join("eagle3/speculators/qwen3-layer");
+    Eagle3Draft::load(dir, Some(draft().embed_tokens.val()), &cpu()).unwrap()
+}
+
+/// A draft whose decoder layer is Qwen3's (speculators' `Qwen3DecoderEagle3FirstLayer`: each
+/// query and key head RMS-normalised before RoPE), as speculators itself saved one, its
+/// layer configuration without `model_type` (speculators' default, Qwen3's): its three TTT
+/// steps' logits against speculators' own (they differ from the Llama layer's by up to 3.7);
+/// it survives a checkpoint; `--to vllm` writes speculators' tensors bit for bit (its
+/// embedding left out) and its layer configuration; `--to sglang` and `--to gguf` are refused
+/// by name, since neither SGLang's layer nor llama.cpp's has the norms. A `model_type:
+/// "qwen3"` draft without them, and a tensor the draft would not read, are errors naming the
+/// tensor.
+#[test]
+fn a_qwen3_layer_draft_computes_what_speculators_computes() {
+    use kd_model::eagle3::{Eagle3Format, GgufWeightType, export_eagle3, export_eagle3_gguf};
+    let qwen3 = qwen3_layer_draft();
+    assert!(qwen3.config().llama.qk_norm());
+    assert!(qwen3.q_norm.is_some() && qwen3.k_norm.is_some());
+    assert!(draft().q_norm.is_none());
+    unrolls_as_speculators(&qwen3, "qwen3-layer");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let checkpoint = tmp.path().join("checkpoint");
+    qwen3.save(&checkpoint).unwrap();
+    let again = Eagle3Draft::load(&checkpoint, Some(draft().embed_tokens.val()), &cpu()).unwrap();
+    assert_eq!(again.named_tensors(), qwen3.named_tensors());
+    assert!(again.config().llama.qk_norm());
+
+    let theirs = fixtures().join("eagle3/speculators/qwen3-layer");
+    let vllm = tmp.path().join("vllm");
+    export_eagle3(
+        &checkpoint,
+        &vllm,
+        &Eagle3Format::Speculators(test_verifier()),
+    )
+    .unwrap();
+    // speculators' `save_pretrained` keeps the embedding and names its model class.
+    same_as_speculators(&vllm, &theirs, &["embed_tokens.weight", "architectures"]);
+    let e = export_eagle3(
+        &checkpoint,
+        &tmp.path().join("sglang"),
+        &Eagle3Format::SpecForge,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("model_type") && e.contains("q_norm"), "{e}");
+    let e = export_eagle3_gguf(
+        &checkpoint,
+        &fixtures().join("tiny-gguf/tiny.gguf"),
+        &tmp.path().join("draft.gguf"),
+        GgufWeightType::F32,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("model_type") && e.contains("q_norm"), "{e}");
+    assert!(!tmp.path().join("sglang").exists() && !tmp.path().join("draft.gguf").exists());
+
+    // SpecForge's layout saying `qwen3` without the norms (SpecForge's layer is Llama's).
+    let bare = tmp.path().join("bare");
+    std::fs::create_dir(&bare).unwrap();
+    fixture_without(&bare, "eagle3/config.json", "embed_tokens.weight");
+    let config = std::fs::read_to_string(bare.join("config.json")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&config).unwrap();
+    json["model_type"] = "qwen3".into();
+    std::fs::write(bare.join("config.json"), json.to_string()).unwrap();
+    let e = Eagle3Draft::load(&bare, Some(draft().embed_tokens.val()), &cpu())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("midlayer.self_attn.q_norm.weight"), "{e}");
+    // A tensor the draft would not read: named, not skipped.
+    let extra = tmp.path().join("extra");
+    std::fs::create_dir(&extra).unwrap();
+    std::fs::copy(
+        fixtures().join("eagle3/config.json"),
+        extra.join("config.json"),
+    )
+    .unwrap();
+    let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let bias = vec![0u8; 4 * 64];
+    let bias_view = safetensors::tensor::TensorView::new(Dtype::F32, vec![64], &bias).unwrap();
+    let mut tensors = st.tensors();
+    tensors.push(("midlayer.self_attn.q_proj.bias".into(), bias_view));
+    safetensors::serialize_to_file(tensors, None, &extra.join("model.safetensors")).unwrap();
+    let e = Eagle3Draft::load(&extra, None, &cpu())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("midlayer.self_attn.q_proj.bias"), "{e}");
+}
+
+/// A draft that RMS-normalises the concatenated target features before `fc`
+/// (`norm_before_fc`, its weight `input_norm.weight`; nvidia's gpt-oss EAGLE-3 drafts have
+/// it), as speculators saved one (`fixtures/eagle3/speculators/norm-before-fc/`): its three TTT
+/// steps' logits against speculators' own (they differ from the plain draft's by up to 4.9);
+/// decoding's `fuse_decoding` applies the norm too; a checkpoint keeps it; `--to vllm` writes
+/// speculators' tensors bit for bit; `--to gguf` writes llama.cpp's `eagle3.norm_before_fc`
+/// and `enc.output_norm.weight` (its converter's `conversion/llama.py`); `--to sglang` is
+/// refused by name.
+#[test]
+fn a_norm_before_fc_draft_computes_what_speculators_computes() {
+    use kd_gguf::GgufFile;
+    use kd_model::eagle3::{Eagle3Format, GgufWeightType, export_eagle3, export_eagle3_gguf};
+    let dir = fixtures().join("eagle3/speculators/norm-before-fc");
+    let normed = Eagle3Draft::load(&dir, Some(draft().embed_tokens.val()), &cpu()).unwrap();
+    assert!(normed.config().norm_before_fc && normed.input_norm.is_some());
+    assert!(draft().input_norm.is_none());
+    unrolls_as_speculators(&normed, "norm-before-fc");
+    let (_, features) = fixture_inputs();
+    let (a, b) = (
+        host(normed.fuse(features.clone())),
+        host(normed.fuse_decoding(features.clone())),
+    );
+    let worst = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(worst <= 1e-5, "fuse_decoding against fuse: {worst}");
+    // The norm matters: without it `fc` gives something else.
+    let plain = host(draft().fuse(features));
+    let apart = a
+        .iter()
+        .zip(&plain)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(apart > 0.1, "{apart}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let checkpoint = tmp.path().join("checkpoint");
+    normed.save(&checkpoint).unwrap();
+    let again = Eagle3Draft::load(&checkpoint, Some(draft().embed_tokens.val()), &cpu()).unwrap();
+    assert_eq!(again.named_tensors(), normed.named_tensors());
+    assert!(again.config().norm_before_fc);
+    let vllm = tmp.path().join("vllm");
+    export_eagle3(
+        &checkpoint,
+        &vllm,
+        &Eagle3Format::Speculators(test_verifier()),
+    )
+    .unwrap();
+    same_as_speculators(&vllm, &dir, &["embed_tokens.weight", "architectures"]);
+    let e = export_eagle3(
+        &checkpoint,
+        &tmp.path().join("sglang"),
+        &Eagle3Format::SpecForge,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("norm_before_fc"), "{e}");
+    assert!(!tmp.path().join("sglang").exists());
+
+    // llama.cpp's layout, on a draft that fits the tiny GGUF target.
+    let src = tmp.path().join("tiny-draft");
+    let fresh = draft_over_tiny_gguf(&src, [1, 2, 2]);
+    let mut config = fresh.config().clone();
+    config.norm_before_fc = true;
+    let width = 3 * config.target_hidden_size;
+    let weights: Vec<f32> = (0..width)
+        .map(|i| 1.0 + (i as f32 * 0.71).sin() / 2.0)
+        .collect();
+    let mut with_norm = Eagle3Draft::new(
+        config,
+        fresh.vocab().clone(),
+        fresh.embed_tokens.val(),
+        7,
+        &cpu(),
+    )
+    .unwrap();
+    with_norm.input_norm = Some(burn::module::Param::from_tensor(Tensor::from_data(
+        TensorData::new(weights.clone(), [width]),
+        &cpu(),
+    )));
+    with_norm.save(&src).unwrap();
+    let path = tmp.path().join("draft.gguf");
+    let target = fixtures().join("tiny-gguf/tiny.gguf");
+    export_eagle3_gguf(&src, &target, &path, GgufWeightType::Q8_0).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    assert_eq!(f.opt_bool("eagle3.norm_before_fc").unwrap(), Some(true));
+    assert_eq!(
+        f.tensor("enc.output_norm.weight").unwrap().shape(),
+        vec![width]
+    );
+    assert_eq!(f.dequantize("enc.output_norm.weight").unwrap(), weights);
+}
+
 #[test]
 fn host_decoding_follows_the_burn_path() {
     host_decoding_follows_the_burn_path_of(draft());
     host_decoding_follows_the_burn_path_of(norm_before_residual_draft());
+    host_decoding_follows_the_burn_path_of(qwen3_layer_draft());
 }
 
 fn host_decoding_follows_the_burn_path_of(draft: Eagle3Draft) {
@@ -759,6 +956,7 @@ fn a_draft_exports_as_llama_cpp_s_eagle3_gguf() {
             f.opt_bool("eagle3.norm_before_residual").unwrap(),
             Some(false)
         );
+        assert_eq!(f.opt_bool("eagle3.norm_before_fc").unwrap(), Some(false));
         assert_eq!(f.opt_float("eagle3.rope.freq_base").unwrap(), Some(10000.0));
         // The target's tokenizer, every key of it.
         let tokenizer = |g: &GgufFile| -> Vec<(String, Value)> {
