@@ -10,7 +10,8 @@
 //!   that draft and target vocabularies agree);
 //! - tensors under llama.cpp's names: `fc.weight`, `blk.0.attn_norm` (the embedding's norm),
 //!   `blk.0.attn_norm_2` (the hidden stream's), `blk.0.attn_{q,k,v,output}`,
-//!   `blk.0.ffn_{norm,gate,up,down}`, `output_norm`, `output` (the draft head), and `d2t` as
+//!   `blk.0.ffn_{norm,gate,up,down}`, `output_norm`, `output` (the draft head),
+//!   `enc.output_norm` (the features' norm of a `norm_before_fc` draft), and `d2t` as
 //!   absolute target ids (i64); `t2d` is not written (llama.cpp does not use it) and neither is
 //!   the embedding (the draft reads the target's);
 //! - `q_proj` and `k_proj` rows permuted as the converter permutes a Llama's (ggml rotates
