@@ -594,9 +594,38 @@ fn fixture_tensors(name: &str) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
 /// float32-to-float64 spread (measured: 1.0–3.0e-7 against spreads of 0.9–3.7e-7).
 #[test]
 fn ttt_gradients_match_specforge() {
+    gradients_match("eagle3", "eagle3/specforge", "midlayer.");
+}
+
+/// The same for the drafts read from vLLM's `speculators` layout whose layers add norms:
+/// Qwen3's decoder layer (per-head `q_norm`, `k_norm`) and `norm_before_fc` (`input_norm`
+/// over the features). The reference is speculators' own model class on the draft it saved,
+/// with SpecForge's step loss on its logits against the targets SpecForge's `OnlineEagle3Model`
+/// computes (`fixtures/make_speculators_golden.py`); the added norms are trained too
+/// (measured: within 3.7e-7 of the float64 reference, whose own f32 − f64 spreads are
+/// 0.7–2.8e-7).
+#[test]
+fn ttt_gradients_of_speculators_norms_match() {
+    gradients_match(
+        "eagle3/speculators/qwen3-layer",
+        "eagle3/speculators/qwen3-layer",
+        "layers.0.",
+    );
+    gradients_match(
+        "eagle3/speculators/norm-before-fc",
+        "eagle3/speculators/norm-before-fc",
+        "layers.0.",
+    );
+}
+
+/// The draft in `fixtures/<draft>` unrolled three TTT steps on the fixture's inputs,
+/// `kd_loss::ttt_loss` backpropagated: every trained tensor's gradient against
+/// `fixtures/<reference>/grads_f64.safetensors` (names with the layer prefix `layer`), within
+/// 1e-4 and ten times the reference's own f32 − f64 spread (`grads_f32.safetensors`).
+fn gradients_match(draft_dir: &str, reference_dir: &str, layer: &str) {
     use burn::module::{Module, Param};
     let device = parse_device("cpu").unwrap();
-    let draft = Eagle3Draft::load(fixtures().join("eagle3"), None, &device)
+    let draft = Eagle3Draft::load(fixtures().join(draft_dir), None, &device)
         .unwrap()
         .train();
     let inputs = fixture_tensors("inputs.safetensors");
@@ -624,10 +653,10 @@ fn ttt_gradients_match_specforge() {
     );
     let grads = kd_loss::ttt_loss(&logits, &targets).backward();
 
-    let reference = fixture_tensors("specforge/grads_f64.safetensors");
-    let reference32 = fixture_tensors("specforge/grads_f32.safetensors");
+    let reference = fixture_tensors(&format!("../{reference_dir}/grads_f64.safetensors"));
+    let reference32 = fixture_tensors(&format!("../{reference_dir}/grads_f32.safetensors"));
     let linear = |p: &Param<Tensor<2>>| {
-        // Burn holds [in, out]; SpecForge's nn.Linear [out, in].
+        // Burn holds [in, out]; nn.Linear [out, in].
         let g = p.val().grad(&grads).expect("a gradient").transpose();
         g.into_data().try_into_vec_as::<f32>().unwrap()
     };
@@ -635,33 +664,40 @@ fn ttt_gradients_match_specforge() {
         let g = p.val().grad(&grads).expect("a gradient");
         g.into_data().try_into_vec_as::<f32>().unwrap()
     };
-    let ours: Vec<(&str, Vec<f32>)> = vec![
-        ("fc.weight", linear(&draft.fc)),
-        ("midlayer.self_attn.q_proj.weight", linear(&draft.q_proj)),
-        ("midlayer.self_attn.k_proj.weight", linear(&draft.k_proj)),
-        ("midlayer.self_attn.v_proj.weight", linear(&draft.v_proj)),
-        ("midlayer.self_attn.o_proj.weight", linear(&draft.o_proj)),
-        ("midlayer.mlp.gate_proj.weight", linear(&draft.gate_proj)),
-        ("midlayer.mlp.up_proj.weight", linear(&draft.up_proj)),
-        ("midlayer.mlp.down_proj.weight", linear(&draft.down_proj)),
-        ("lm_head.weight", linear(&draft.lm_head)),
+    let m = |name: &str| format!("{layer}{name}");
+    let mut ours: Vec<(String, Vec<f32>)> = vec![
+        ("fc.weight".into(), linear(&draft.fc)),
+        (m("self_attn.q_proj.weight"), linear(&draft.q_proj)),
+        (m("self_attn.k_proj.weight"), linear(&draft.k_proj)),
+        (m("self_attn.v_proj.weight"), linear(&draft.v_proj)),
+        (m("self_attn.o_proj.weight"), linear(&draft.o_proj)),
+        (m("mlp.gate_proj.weight"), linear(&draft.gate_proj)),
+        (m("mlp.up_proj.weight"), linear(&draft.up_proj)),
+        (m("mlp.down_proj.weight"), linear(&draft.down_proj)),
+        ("lm_head.weight".into(), linear(&draft.lm_head)),
+        (m("input_layernorm.weight"), vector(&draft.input_layernorm)),
+        (m("hidden_norm.weight"), vector(&draft.hidden_norm)),
         (
-            "midlayer.input_layernorm.weight",
-            vector(&draft.input_layernorm),
-        ),
-        ("midlayer.hidden_norm.weight", vector(&draft.hidden_norm)),
-        (
-            "midlayer.post_attention_layernorm.weight",
+            m("post_attention_layernorm.weight"),
             vector(&draft.post_attention_layernorm),
         ),
-        ("norm.weight", vector(&draft.norm)),
+        ("norm.weight".into(), vector(&draft.norm)),
     ];
+    for (name, p) in [
+        ("input_norm.weight".to_string(), &draft.input_norm),
+        (m("self_attn.q_norm.weight"), &draft.q_norm),
+        (m("self_attn.k_norm.weight"), &draft.k_norm),
+    ] {
+        if let Some(p) = p {
+            ours.push((name, vector(p)));
+        }
+    }
     assert_eq!(ours.len(), reference.len(), "every trained tensor");
     // The target's embedding stays frozen, as SpecForge trains it.
     assert!(draft.embed_tokens.val().grad(&grads).is_none());
     for (name, g) in ours {
-        let (_, theirs) = &reference[name];
-        let (_, theirs32) = &reference32[name];
+        let (_, theirs) = &reference[&name];
+        let (_, theirs32) = &reference32[&name];
         assert_eq!(g.len(), theirs.len(), "{name}");
         let worst = |a: &[f32]| {
             a.iter()
@@ -669,7 +705,9 @@ fn ttt_gradients_match_specforge() {
                 .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
         };
         let (d, spread) = (worst(&g), worst(theirs32));
-        eprintln!("{name}: max |ours − SpecForge| {d:.2e} (SpecForge f32 − f64 {spread:.2e})");
+        eprintln!(
+            "{draft_dir} {name}: max |ours − reference| {d:.2e} (reference f32 − f64 {spread:.2e})"
+        );
         assert!(d <= 1e-4, "{name}: {d} > 1e-4");
         assert!(d <= 10.0 * spread.max(1e-7), "{name}: {d} > 10 × {spread}");
     }
