@@ -232,9 +232,9 @@ pub fn export_eagle3(src: &Path, dst: &Path, format: &Eagle3Format) -> Result<()
     crate::weights::write_atomic(&dst.join("config.json"), text.as_bytes())
 }
 
-/// The `config.json` of vLLM's `speculators` format: the decoder layer's configuration (Llama's
-/// or Qwen3's) as `transformer_layer_config`, `norm_before_residual` always stated (vLLM assumes true
-/// when the key is missing), the feature layers in vLLM's indexing.
+/// The `config.json` of vLLM's `speculators` format: the decoder layer's configuration
+/// (Llama's or Qwen3's) as `transformer_layer_config`, `norm_before_residual` always stated
+/// (vLLM assumes true when the key is missing), the feature layers in vLLM's indexing.
 fn speculators_json(c: &Eagle3Config, v: &SpeculatorsVerifier) -> Value {
     let mut layer = c.llama.to_json();
     if let Some(map) = layer.as_object_mut() {

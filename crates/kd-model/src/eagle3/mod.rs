@@ -212,9 +212,10 @@ impl Eagle3Draft {
             if !file.has(&name) {
                 return Err(file.error(
                     &name,
-                    "missing: config.json's model_type is \"qwen3\", a layer that normalises \
-                     each query and key head; a draft from SpecForge has a Llama layer \
-                     (model_type \"llama\")"
+                    "missing: config.json makes the decoder layer Qwen3's (model_type \
+                     \"qwen3\", or none in a speculators transformer_layer_config), which \
+                     normalises each query and key head; a draft from SpecForge has a Llama \
+                     layer (model_type \"llama\")"
                         .into(),
                 ));
             }
