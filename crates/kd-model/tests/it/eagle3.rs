@@ -495,49 +495,39 @@ fn unrolls_as_speculators(draft: &Eagle3Draft, name: &str) {
     }
 }
 
-/// The fixture's draft as vLLM's `speculators` converted it with `norm_before_residual`
-/// (`fixtures/eagle3/speculators/norm-before-residual/`).
-fn norm_before_residual_draft() -> Eagle3Draft {
-    let dir = fixtures().join("eagle3/speculators/norm-before-residual");
+/// A variant of the fixture's draft as vLLM's `speculators` wrote it
+/// (`fixtures/eagle3/speculators/<name>/`), read with the fixture's embedding.
+fn speculators_draft(name: &str) -> Eagle3Draft {
+    let dir = fixtures().join("eagle3/speculators").join(name);
     Eagle3Draft::load(dir, Some(draft().embed_tokens.val()), &cpu()).unwrap()
 }
 
-/// A draft whose decoder layer adds its normalised hidden input as the residual
-/// (`norm_before_residual`, as Red Hat's speculators drafts have it), read from the
-/// `speculators` layout: its three TTT steps' logits against speculators' own on the same
-/// inputs (`make_speculators_golden.py`; they differ from the plain draft's by up to 3.3); the
-/// setting survives a checkpoint and `--to vllm`, and `--to sglang` is refused by name, since
-/// SGLang's layer has only the raw residual.
-#[test]
-fn a_norm_before_residual_draft_computes_what_speculators_computes() {
+/// `draft_`, a variant speculators wrote (`fixtures/eagle3/speculators/<name>/`), survives a checkpoint (`checkpoint/` in the returned directory), `--to vllm`
+/// writes speculators' tensors bit for bit (its embedding left out) and every configuration
+/// value it wrote but provenance and `architectures` (its `save_pretrained` names the model
+/// class, its converter `Eagle3Speculator`), and `--to sglang` is refused with a message holding each of `refusal`, writing
+/// nothing.
+fn checkpoints_and_exports_as_speculators(
+    draft_: &Eagle3Draft,
+    name: &str,
+    refusal: &[&str],
+) -> tempfile::TempDir {
     use kd_model::eagle3::{Eagle3Format, export_eagle3};
-    let nbr = norm_before_residual_draft();
-    assert!(nbr.config().norm_before_residual);
-    assert!(!draft().config().norm_before_residual);
-    unrolls_as_speculators(&nbr, "norm-before-residual");
-
     let tmp = tempfile::tempdir().unwrap();
-    nbr.save(tmp.path().join("checkpoint")).unwrap();
-    let again = Eagle3Draft::load(
-        tmp.path().join("checkpoint"),
-        Some(draft().embed_tokens.val()),
-        &cpu(),
-    )
-    .unwrap();
-    assert!(again.config().norm_before_residual);
-    let verifier = test_verifier();
     let checkpoint = tmp.path().join("checkpoint");
+    draft_.save(&checkpoint).unwrap();
+    let again = Eagle3Draft::load(&checkpoint, Some(draft().embed_tokens.val()), &cpu()).unwrap();
+    assert_eq!(again.named_tensors(), draft_.named_tensors());
+    assert_eq!(again.config(), draft_.config());
+    let vllm = tmp.path().join("vllm");
     export_eagle3(
         &checkpoint,
-        &tmp.path().join("vllm"),
-        &Eagle3Format::Speculators(verifier),
+        &vllm,
+        &Eagle3Format::Speculators(test_verifier()),
     )
     .unwrap();
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(tmp.path().join("vllm/config.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(json["norm_before_residual"], true);
+    let theirs = fixtures().join("eagle3/speculators").join(name);
+    same_as_speculators(&vllm, &theirs, &["embed_tokens.weight", "architectures"]);
     let e = export_eagle3(
         &checkpoint,
         &tmp.path().join("sglang"),
@@ -545,8 +535,26 @@ fn a_norm_before_residual_draft_computes_what_speculators_computes() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("norm_before_residual"), "{e}");
+    for part in refusal {
+        assert!(e.contains(part), "{e}");
+    }
     assert!(!tmp.path().join("sglang").exists());
+    tmp
+}
+
+/// A draft whose decoder layer adds its normalised hidden input as the residual
+/// (`norm_before_residual`, as Red Hat's speculators drafts have it), read from the
+/// `speculators` layout: its three TTT steps' logits against speculators' own on the same
+/// inputs (`make_speculators_golden.py`; they differ from the plain draft's by up to 3.3); the
+/// setting survives a checkpoint, `--to vllm` writes what speculators' converter wrote, and
+/// `--to sglang` is refused by name, since SGLang's layer has only the raw residual.
+#[test]
+fn a_norm_before_residual_draft_computes_what_speculators_computes() {
+    let nbr = speculators_draft("norm-before-residual");
+    assert!(nbr.config().norm_before_residual);
+    assert!(!draft().config().norm_before_residual);
+    unrolls_as_speculators(&nbr, "norm-before-residual");
+    checkpoints_and_exports_as_speculators(&nbr, "norm-before-residual", &["norm_before_residual"]);
 }
 
 /// A draft over the target's whole vocabulary as speculators stores one, without `d2t` and
@@ -558,7 +566,7 @@ fn a_norm_before_residual_draft_computes_what_speculators_computes() {
 fn a_whole_vocabulary_draft_without_maps_reads_and_exports() {
     use kd_model::eagle3::{Eagle3Format, export_eagle3};
     let dir = fixtures().join("eagle3/speculators/full-vocab");
-    let full = Eagle3Draft::load(&dir, Some(draft().embed_tokens.val()), &cpu()).unwrap();
+    let full = speculators_draft("full-vocab");
     assert_eq!(full.vocab().target_ids(), (0..96).collect::<Vec<u32>>());
     unrolls_as_speculators(&full, "full-vocab");
     let tmp = tempfile::tempdir().unwrap();
@@ -594,13 +602,6 @@ fn a_whole_vocabulary_draft_without_maps_reads_and_exports() {
     assert!(e.contains("d2t"), "{e}");
 }
 
-/// The fixture's draft with Qwen3's decoder layer and seeded q/k norms, as speculators'
-/// `save_pretrained` wrote it (`fixtures/eagle3/speculators/qwen3-layer/`).
-fn qwen3_layer_draft() -> Eagle3Draft {
-    let dir = fixtures().join("eagle3/speculators/qwen3-layer");
-    Eagle3Draft::load(dir, Some(draft().embed_tokens.val()), &cpu()).unwrap()
-}
-
 /// A draft whose decoder layer is Qwen3's (speculators' `Qwen3DecoderEagle3FirstLayer`: each
 /// query and key head RMS-normalised before RoPE), as speculators itself saved one, its
 /// layer configuration without `model_type` (speculators' default, Qwen3's): its three TTT
@@ -612,38 +613,15 @@ fn qwen3_layer_draft() -> Eagle3Draft {
 /// tensor.
 #[test]
 fn a_qwen3_layer_draft_computes_what_speculators_computes() {
-    use kd_model::eagle3::{Eagle3Format, GgufWeightType, export_eagle3, export_eagle3_gguf};
-    let qwen3 = qwen3_layer_draft();
+    use kd_model::eagle3::{GgufWeightType, export_eagle3_gguf};
+    let qwen3 = speculators_draft("qwen3-layer");
     assert!(qwen3.config().llama.qk_norm());
     assert!(qwen3.q_norm.is_some() && qwen3.k_norm.is_some());
     assert!(draft().q_norm.is_none());
     unrolls_as_speculators(&qwen3, "qwen3-layer");
-
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp =
+        checkpoints_and_exports_as_speculators(&qwen3, "qwen3-layer", &["model_type", "q_norm"]);
     let checkpoint = tmp.path().join("checkpoint");
-    qwen3.save(&checkpoint).unwrap();
-    let again = Eagle3Draft::load(&checkpoint, Some(draft().embed_tokens.val()), &cpu()).unwrap();
-    assert_eq!(again.named_tensors(), qwen3.named_tensors());
-    assert!(again.config().llama.qk_norm());
-
-    let theirs = fixtures().join("eagle3/speculators/qwen3-layer");
-    let vllm = tmp.path().join("vllm");
-    export_eagle3(
-        &checkpoint,
-        &vllm,
-        &Eagle3Format::Speculators(test_verifier()),
-    )
-    .unwrap();
-    // speculators' `save_pretrained` keeps the embedding and names its model class.
-    same_as_speculators(&vllm, &theirs, &["embed_tokens.weight", "architectures"]);
-    let e = export_eagle3(
-        &checkpoint,
-        &tmp.path().join("sglang"),
-        &Eagle3Format::SpecForge,
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("model_type") && e.contains("q_norm"), "{e}");
     let e = export_eagle3_gguf(
         &checkpoint,
         &fixtures().join("tiny-gguf/tiny.gguf"),
@@ -653,7 +631,7 @@ fn a_qwen3_layer_draft_computes_what_speculators_computes() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("model_type") && e.contains("q_norm"), "{e}");
-    assert!(!tmp.path().join("sglang").exists() && !tmp.path().join("draft.gguf").exists());
+    assert!(!tmp.path().join("draft.gguf").exists());
 
     // SpecForge's layout saying `qwen3` without the norms (SpecForge's layer is Llama's).
     let bare = tmp.path().join("bare");
@@ -699,9 +677,8 @@ fn a_qwen3_layer_draft_computes_what_speculators_computes() {
 #[test]
 fn a_norm_before_fc_draft_computes_what_speculators_computes() {
     use kd_gguf::GgufFile;
-    use kd_model::eagle3::{Eagle3Format, GgufWeightType, export_eagle3, export_eagle3_gguf};
-    let dir = fixtures().join("eagle3/speculators/norm-before-fc");
-    let normed = Eagle3Draft::load(&dir, Some(draft().embed_tokens.val()), &cpu()).unwrap();
+    use kd_model::eagle3::{GgufWeightType, export_eagle3_gguf};
+    let normed = speculators_draft("norm-before-fc");
     assert!(normed.config().norm_before_fc && normed.input_norm.is_some());
     assert!(draft().input_norm.is_none());
     unrolls_as_speculators(&normed, "norm-before-fc");
@@ -723,29 +700,8 @@ fn a_norm_before_fc_draft_computes_what_speculators_computes() {
         .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     assert!(apart > 0.1, "{apart}");
 
-    let tmp = tempfile::tempdir().unwrap();
-    let checkpoint = tmp.path().join("checkpoint");
-    normed.save(&checkpoint).unwrap();
-    let again = Eagle3Draft::load(&checkpoint, Some(draft().embed_tokens.val()), &cpu()).unwrap();
-    assert_eq!(again.named_tensors(), normed.named_tensors());
-    assert!(again.config().norm_before_fc);
-    let vllm = tmp.path().join("vllm");
-    export_eagle3(
-        &checkpoint,
-        &vllm,
-        &Eagle3Format::Speculators(test_verifier()),
-    )
-    .unwrap();
-    same_as_speculators(&vllm, &dir, &["embed_tokens.weight", "architectures"]);
-    let e = export_eagle3(
-        &checkpoint,
-        &tmp.path().join("sglang"),
-        &Eagle3Format::SpecForge,
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("norm_before_fc"), "{e}");
-    assert!(!tmp.path().join("sglang").exists());
+    let tmp =
+        checkpoints_and_exports_as_speculators(&normed, "norm-before-fc", &["norm_before_fc"]);
 
     // llama.cpp's layout, on a draft that fits the tiny GGUF target.
     let src = tmp.path().join("tiny-draft");
@@ -784,8 +740,8 @@ fn a_norm_before_fc_draft_computes_what_speculators_computes() {
 #[test]
 fn host_decoding_follows_the_burn_path() {
     host_decoding_follows_the_burn_path_of(draft());
-    host_decoding_follows_the_burn_path_of(norm_before_residual_draft());
-    host_decoding_follows_the_burn_path_of(qwen3_layer_draft());
+    host_decoding_follows_the_burn_path_of(speculators_draft("norm-before-residual"));
+    host_decoding_follows_the_burn_path_of(speculators_draft("qwen3-layer"));
 }
 
 fn host_decoding_follows_the_burn_path_of(draft: Eagle3Draft) {
