@@ -502,23 +502,24 @@ fn speculators_draft(name: &str) -> Eagle3Draft {
     Eagle3Draft::load(dir, Some(draft().embed_tokens.val()), &cpu()).unwrap()
 }
 
-/// `draft_`, a variant speculators wrote (`fixtures/eagle3/speculators/<name>/`), survives a checkpoint (`checkpoint/` in the returned directory), `--to vllm`
-/// writes speculators' tensors bit for bit (its embedding left out) and every configuration
-/// value it wrote but provenance and `architectures` (its `save_pretrained` names the model
-/// class, its converter `Eagle3Speculator`), and `--to sglang` is refused with a message holding each of `refusal`, writing
-/// nothing.
+/// `variant`, a draft speculators wrote (`fixtures/eagle3/speculators/<name>/`), survives a
+/// checkpoint (`checkpoint/` in the returned directory); `--to vllm` writes speculators'
+/// tensors bit for bit (its embedding left out) and every configuration value it wrote but
+/// provenance and `architectures` (its `save_pretrained` names the model class, its converter
+/// `Eagle3Speculator`); `--to sglang` is refused with a message holding each of `refusal`,
+/// writing nothing.
 fn checkpoints_and_exports_as_speculators(
-    draft_: &Eagle3Draft,
+    variant: &Eagle3Draft,
     name: &str,
     refusal: &[&str],
 ) -> tempfile::TempDir {
     use kd_model::eagle3::{Eagle3Format, export_eagle3};
     let tmp = tempfile::tempdir().unwrap();
     let checkpoint = tmp.path().join("checkpoint");
-    draft_.save(&checkpoint).unwrap();
+    variant.save(&checkpoint).unwrap();
     let again = Eagle3Draft::load(&checkpoint, Some(draft().embed_tokens.val()), &cpu()).unwrap();
-    assert_eq!(again.named_tensors(), draft_.named_tensors());
-    assert_eq!(again.config(), draft_.config());
+    assert_eq!(again.named_tensors(), variant.named_tensors());
+    assert_eq!(again.config(), variant.config());
     let vllm = tmp.path().join("vllm");
     export_eagle3(
         &checkpoint,
