@@ -44,9 +44,11 @@ pub(super) fn expected_tensors(c: &Eagle3Config) -> Vec<(String, Vec<usize>)> {
         l.num_key_value_heads * l.head_dim,
     );
     let m = |s: &str| format!("midlayer.{s}");
-    let mut tensors = vec![
-        ("fc.weight".into(), vec![d, 3 * c.target_hidden_size]),
-        (INPUT_NORM.into(), vec![3 * c.target_hidden_size]),
+    let mut tensors = vec![("fc.weight".into(), vec![d, 3 * c.target_hidden_size])];
+    if c.norm_before_fc {
+        tensors.push((INPUT_NORM.into(), vec![3 * c.target_hidden_size]));
+    }
+    tensors.extend([
         (m("self_attn.q_proj.weight"), vec![q, 2 * d]),
         (m("self_attn.k_proj.weight"), vec![kv, 2 * d]),
         (m("self_attn.v_proj.weight"), vec![kv, 2 * d]),
@@ -59,10 +61,7 @@ pub(super) fn expected_tensors(c: &Eagle3Config) -> Vec<(String, Vec<usize>)> {
         (m("post_attention_layernorm.weight"), vec![d]),
         ("norm.weight".into(), vec![d]),
         ("lm_head.weight".into(), vec![c.draft_vocab_size, d]),
-    ];
-    if !c.norm_before_fc {
-        tensors.retain(|(n, _)| n != INPUT_NORM);
-    }
+    ]);
     if l.qk_norm() {
         for name in QK_NORMS {
             tensors.push((m(name), vec![l.head_dim]));

@@ -257,10 +257,10 @@ impl Eagle3Draft {
         let vocab_map = DraftVocab::from_d2t(&d2t, vocab)?;
         let rope = Rope::new(c);
         let features = 3 * config.target_hidden_size;
-        let input_norm = match config.norm_before_fc {
-            true => Some(vector_of(export::INPUT_NORM, features)?),
-            false => None,
-        };
+        let input_norm = config
+            .norm_before_fc
+            .then(|| vector_of(export::INPUT_NORM, features))
+            .transpose()?;
         Ok(Self {
             input_norm,
             fc: linear("fc.weight", d, features)?,

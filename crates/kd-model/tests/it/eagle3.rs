@@ -222,14 +222,30 @@ fn a_missing_embedding_is_named() {
 /// SpecForge exports a draft, or another), with the configuration `config` (a path under
 /// `fixtures/`).
 fn fixture_without(dir: &std::path::Path, config: &str, left_out: &str) {
+    fixture_edited(dir, config, left_out, None);
+}
+
+/// Writes into `dir` the `config` fixture as `config.json` and the fixture draft's tensors but
+/// `left_out`, plus `added` (a name and a length: f32 zeros) when given.
+fn fixture_edited(
+    dir: &std::path::Path,
+    config: &str,
+    left_out: &str,
+    added: Option<(&str, usize)>,
+) {
     std::fs::copy(fixtures().join(config), dir.join("config.json")).unwrap();
     let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let kept: Vec<_> = st
+    let zeros = vec![0u8; 4 * added.map_or(0, |(_, n)| n)];
+    let mut kept: Vec<_> = st
         .tensors()
         .into_iter()
         .filter(|(k, _)| k != left_out)
         .collect();
+    if let Some((name, n)) = added {
+        let view = safetensors::tensor::TensorView::new(Dtype::F32, vec![n], &zeros).unwrap();
+        kept.push((name.to_string(), view));
+    }
     safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
 }
 
@@ -649,18 +665,12 @@ fn a_qwen3_layer_draft_computes_what_speculators_computes() {
     // A tensor the draft would not read: named, not skipped.
     let extra = tmp.path().join("extra");
     std::fs::create_dir(&extra).unwrap();
-    std::fs::copy(
-        fixtures().join("eagle3/config.json"),
-        extra.join("config.json"),
-    )
-    .unwrap();
-    let bytes = std::fs::read(fixtures().join("eagle3/model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let bias = vec![0u8; 4 * 64];
-    let bias_view = safetensors::tensor::TensorView::new(Dtype::F32, vec![64], &bias).unwrap();
-    let mut tensors = st.tensors();
-    tensors.push(("midlayer.self_attn.q_proj.bias".into(), bias_view));
-    safetensors::serialize_to_file(tensors, None, &extra.join("model.safetensors")).unwrap();
+    fixture_edited(
+        &extra,
+        "eagle3/config.json",
+        "",
+        Some(("midlayer.self_attn.q_proj.bias", 64)),
+    );
     let e = Eagle3Draft::load(&extra, None, &cpu())
         .unwrap_err()
         .to_string();
